@@ -1,0 +1,160 @@
+#include "cohort/comm/arrival_board.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <sstream>
+
+namespace cohort::comm {
+namespace {
+
+constexpr auto kMinGap = std::chrono::milliseconds(50);
+
+std::int64_t unix_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+ArrivalBoard::ArrivalBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix,
+                           std::vector<int> ranks, int self, std::chrono::milliseconds interval)
+    : store_(std::move(store)),
+      prefix_(std::move(key_prefix)),
+      ranks_(std::move(ranks)),
+      self_(self),
+      interval_(interval) {
+  publish_now();
+  thread_ = std::thread([this] { publish_loop(); });
+}
+
+ArrivalBoard::~ArrivalBoard() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::string ArrivalBoard::key(int position) const {
+  return prefix_ + std::to_string(ranks_[static_cast<size_t>(position)]);
+}
+
+std::int64_t ArrivalBoard::enter(const char* op) {
+  std::int64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seq = ++seq_;
+    op_ = op;
+  }
+  cv_.notify_all();
+  return seq;
+}
+
+void ArrivalBoard::publish_now() {
+  std::string value;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    published_seq_ = seq_.load();
+    value = std::to_string(published_seq_) + " " + std::to_string(unix_ms()) + " " + op_;
+  }
+  try {
+    store_->set(key(self_), bytes(value));
+  } catch (const std::exception&) {
+    // The store is gone (its host died). The collective that needs the peers will
+    // fail on its own and report it; the board has nothing to add.
+  }
+}
+
+void ArrivalBoard::publish_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto last = std::chrono::steady_clock::now();
+  while (!stop_) {
+    // Wake for a new collective or for the heartbeat, whichever is first.
+    cv_.wait_until(lock, last + interval_, [&] { return stop_ || seq_.load() != published_seq_; });
+    if (stop_) break;
+    auto earliest = last + kMinGap;
+    if (std::chrono::steady_clock::now() < earliest) {
+      // Coalesce a burst of collectives into one write.
+      cv_.wait_until(lock, earliest, [&] { return stop_; });
+      if (stop_) break;
+    }
+    lock.unlock();
+    publish_now();
+    lock.lock();
+    last = std::chrono::steady_clock::now();
+  }
+}
+
+std::vector<PeerStatus> ArrivalBoard::diagnose(std::int64_t seq) const {
+  std::vector<PeerStatus> peers;
+  const double stale_after = 3.0 * std::chrono::duration<double>(interval_).count();
+  for (int i = 0; i < static_cast<int>(ranks_.size()); ++i) {
+    if (i == self_) continue;
+    PeerStatus p;
+    p.rank = ranks_[static_cast<size_t>(i)];
+    try {
+      if (!store_->check({key(i)})) {
+        p.state = PeerStatus::State::kNeverSeen;
+      } else {
+        auto raw = store_->get(key(i));
+        std::istringstream in(std::string(raw.begin(), raw.end()));
+        std::int64_t when = 0;
+        in >> p.seq >> when;
+        std::getline(in >> std::ws, p.op);
+        p.seconds_since_heartbeat = static_cast<double>(unix_ms() - when) / 1000.0;
+        if (p.seq >= seq)
+          p.state = PeerStatus::State::kArrived;
+        else if (p.seconds_since_heartbeat > stale_after)
+          p.state = PeerStatus::State::kSilent;
+        else
+          p.state = PeerStatus::State::kBehind;
+      }
+    } catch (const std::exception&) {
+      p.state = PeerStatus::State::kUnknown;
+    }
+    peers.push_back(p);
+  }
+  return peers;
+}
+
+std::vector<int> ArrivalBoard::missing(const std::vector<PeerStatus>& peers) {
+  std::vector<int> out;
+  for (const auto& p : peers)
+    if (p.state != PeerStatus::State::kArrived && p.state != PeerStatus::State::kUnknown)
+      out.push_back(p.rank);
+  return out;
+}
+
+std::string ArrivalBoard::describe(const std::vector<PeerStatus>& peers) {
+  std::ostringstream out;
+  char age[32];
+  bool first = true;
+  for (const auto& p : peers) {
+    if (p.state == PeerStatus::State::kArrived) continue;
+    if (!first) out << "; ";
+    first = false;
+    out << "rank " << p.rank;
+    std::snprintf(age, sizeof age, "%.1f", p.seconds_since_heartbeat);
+    switch (p.state) {
+      case PeerStatus::State::kBehind:
+        out << " (alive, but still at " << p.op << " #" << p.seq << ")";
+        break;
+      case PeerStatus::State::kSilent:
+        out << " (no heartbeat for " << age << " s, last at " << p.op << " #" << p.seq
+            << ": the process died or is frozen)";
+        break;
+      case PeerStatus::State::kNeverSeen:
+        out << " (never joined this group: it did not start, or died before its first collective)";
+        break;
+      default:
+        out << " (state unknown: the store did not answer)";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace cohort::comm

@@ -1,0 +1,80 @@
+#pragma once
+// Note [Arrival board]
+// A collective that times out is only useful if the error says *who* did not come.
+// Every rank therefore publishes, in the store, the sequence number and name of the
+// last collective it entered on each group, plus a heartbeat time. A background
+// thread does the writes, so a collective itself never waits on the store:
+//  * entering a collective bumps an atomic counter and wakes the thread, which
+//    publishes at most once per kMinGap (writes coalesce under a burst of ops);
+//  * the thread re-publishes every heartbeat interval even when nothing changed.
+// When rank r times out in collective #n, diagnose(n) reads every peer's entry:
+//  - seq >= n                      -> it arrived (not missing);
+//  - seq <  n, heartbeat is fresh  -> alive but has not called #n ("behind");
+//  - heartbeat older than 3 beats  -> dead or frozen ("silent");
+//  - no entry at all               -> never started or died before publishing.
+// Timeouts are seconds to minutes and kMinGap is 50 ms, so an arrived rank has
+// always published before anyone can time out waiting for it. Heartbeat ages compare
+// clocks across hosts; they assume NTP-level agreement (seconds), not more.
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cohort::comm {
+
+struct PeerStatus {
+  enum class State { kArrived, kBehind, kSilent, kNeverSeen, kUnknown };
+  int rank = 0;  // global rank
+  State state = State::kUnknown;
+  std::int64_t seq = 0;
+  std::string op;
+  double seconds_since_heartbeat = 0;
+};
+
+class ArrivalBoard {
+ public:
+  // `key_prefix` must be unique per group; `ranks` are global ranks, and `self` is
+  // this process's position in `ranks`.
+  ArrivalBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix,
+               std::vector<int> ranks, int self, std::chrono::milliseconds interval);
+  ~ArrivalBoard();
+  ArrivalBoard(const ArrivalBoard&) = delete;
+  ArrivalBoard& operator=(const ArrivalBoard&) = delete;
+
+  // Records that this rank entered a collective; returns its sequence number (1-based).
+  std::int64_t enter(const char* op);
+
+  // Reads every peer's entry. Never throws: an unreachable store gives kUnknown.
+  std::vector<PeerStatus> diagnose(std::int64_t seq) const;
+
+  // "rank 3 (alive, still at barrier #4); rank 1 (no heartbeat for 12.0 s at ...)"
+  static std::string describe(const std::vector<PeerStatus>& peers);
+  static std::vector<int> missing(const std::vector<PeerStatus>& peers);
+
+ private:
+  void publish_loop();
+  void publish_now();
+  std::string key(int position) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;
+  std::vector<int> ranks_;
+  int self_;
+  std::chrono::milliseconds interval_;
+
+  std::atomic<std::int64_t> seq_{0};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string op_ = "init";
+  std::int64_t published_seq_ = -1;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace cohort::comm

@@ -1,0 +1,23 @@
+#pragma once
+// Builds the c10d backend for a set of ranks: Gloo on CPU, NCCL on CUDA (when this
+// LibTorch has it).
+#include <string>
+
+#include "cohort/comm/environment.h"
+#include "cohort/comm/options.h"
+#include "cohort/compat/c10d.h"
+
+namespace cohort::comm {
+
+// "gloo", "nccl" or "mpi" from InitOptions::backend() ("auto" resolved). Throws
+// ConfigError for a backend this build lacks.
+std::string resolve_backend(const std::string& requested);
+
+// Backends compiled into this build of cohort, e.g. {"gloo"} or {"gloo","nccl"}.
+std::vector<std::string> available_backends();
+
+c10::intrusive_ptr<compat::Backend> make_backend(const std::string& backend,
+                                                 const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                 const WorldInfo& info, const InitOptions& options);
+
+}  // namespace cohort::comm

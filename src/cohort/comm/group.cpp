@@ -1,0 +1,221 @@
+#include "cohort/comm/group.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "cohort/comm/arrival_board.h"
+#include "cohort/errors.h"
+
+namespace cohort::comm {
+namespace {
+
+bool looks_like_timeout(const std::string& what) {
+  for (const char* needle : {"imed out", "imeout", "TIMEOUT"})
+    if (what.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+[[noreturn]] void throw_diagnosed(const GroupState& g, const char* op, std::int64_t seq,
+                                  const std::string& backend_message) {
+  auto where = fmt::format("{} #{} of group '{}' ({} ranks, backend {})", op, seq, g.name,
+                           g.global_ranks.size(), g.backend->getBackendName());
+  if (looks_like_timeout(backend_message)) {
+    auto peers = g.board->diagnose(seq);
+    auto missing = ArrivalBoard::missing(peers);
+    auto who = ArrivalBoard::describe(peers);
+    auto seconds = std::chrono::duration<double>(g.timeout).count();
+    std::string not_arrived =
+        who.empty() ? "every rank reached it, so the transport stalled: check the network between the hosts "
+                      "(firewall, GLOO_SOCKET_IFNAME)"
+                    : "not arrived: " + who;
+    throw TimeoutError(
+        fmt::format("cohort: rank {} timed out after {:.1f} s in {}.\n  {}.\n  fix: every rank must call the "
+                    "same collectives in the same order; read the output of the ranks named above; if a step is "
+                    "legitimately this slow, raise InitOptions::timeout (or COHORT_TIMEOUT).\n  backend: {}",
+                    g.global_rank, seconds, where, not_arrived, backend_message),
+        op, missing);
+  }
+  // A fast failure (a closed connection) comes before the peers' positions are
+  // published (Note [Arrival board]), so the board is not quoted here.
+  throw CommError(fmt::format(
+      "cohort: rank {}: {} failed: a peer closed its connection or the transport broke.\n  fix: a peer most likely "
+      "exited or crashed; its own output (or the `cohort run` summary) names the first failure.\n  backend: {}",
+      g.global_rank, where, backend_message));
+}
+
+void check_tensor(const GroupState& g, const char* op, const at::Tensor& t) {
+  if (!t.defined()) throw ConfigError(fmt::format("cohort: {}: the tensor is undefined", op));
+  if (!t.is_contiguous())
+    throw ConfigError(fmt::format("cohort: {}: the tensor must be contiguous (call .contiguous() first)", op));
+  auto backend = g.backend->getBackendName();
+  if (backend == "nccl" && !t.is_cuda())
+    throw ConfigError(fmt::format("cohort: {} on rank {}: the NCCL backend needs CUDA tensors but the tensor is on "
+                                  "{}; move it with .to(world.device())",
+                                  op, g.global_rank, t.device().str()));
+}
+
+}  // namespace
+
+GroupState::~GroupState() = default;
+
+// ---- Pending ---------------------------------------------------------------
+
+Pending::Pending(std::shared_ptr<GroupState> group, c10::intrusive_ptr<compat::Work> work, const char* op,
+                 std::int64_t seq, std::function<void()> finish)
+    : group_(std::move(group)), work_(std::move(work)), op_(op), seq_(seq), finish_(std::move(finish)) {}
+
+void Pending::wait() {
+  if (!work_) return;
+  auto work = std::move(work_);
+  try {
+    if (!work->wait(group_->timeout)) throw std::runtime_error("wait timed out");
+  } catch (const cohort::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw_diagnosed(*group_, op_, seq_, e.what());
+  }
+  if (finish_) finish_();
+}
+
+bool Pending::is_completed() const { return !work_ || work_->isCompleted(); }
+
+// ---- Group -----------------------------------------------------------------
+
+GroupState& Group::checked(const char* op) const {
+  if (!state_)
+    throw ConfigError(fmt::format("cohort: {} on a group this rank is not a member of; only ranks listed in "
+                                  "World::new_group(ranks) may use that group",
+                                  op));
+  return *state_;
+}
+
+
+int Group::rank() const { return checked("rank").rank; }
+int Group::size() const { return static_cast<int>(checked("size").global_ranks.size()); }
+const std::vector<int>& Group::global_ranks() const { return checked("global_ranks").global_ranks; }
+const std::string& Group::name() const { return checked("name").name; }
+std::string Group::backend_name() const { return checked("backend_name").backend->getBackendName(); }
+std::chrono::milliseconds Group::timeout() const { return checked("timeout").timeout; }
+compat::Backend& Group::backend() const { return *checked("backend").backend; }
+
+Pending Group::launch(const char* op, const std::function<c10::intrusive_ptr<compat::Work>()>& issue,
+                      std::function<void()> finish) {
+  auto& g = *state_;
+  auto seq = g.board->enter(op);
+  c10::intrusive_ptr<compat::Work> work;
+  try {
+    work = issue();
+  } catch (const std::exception& e) {
+    throw_diagnosed(g, op, seq, e.what());
+  }
+  return Pending(state_, std::move(work), op, seq, std::move(finish));
+}
+
+Pending Group::track(c10::intrusive_ptr<compat::Work> work, const char* op) {
+  checked(op);
+  return launch(op, [&] { return work; });
+}
+
+Pending Group::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
+  auto& g = checked("all_reduce");
+  check_tensor(g, "all_reduce", tensor);
+  if (op == ReduceOp::kAvg && !tensor.is_floating_point())
+    throw ConfigError("cohort: all_reduce with kAvg needs a floating-point tensor, got " +
+                      std::string(tensor.dtype().name()) + "; use kSum and divide yourself");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  opts.timeout = g.timeout;
+  std::function<void()> finish;
+  if (op == ReduceOp::kAvg) finish = [tensor, n = size()]() mutable { tensor.div_(n); };
+  return launch("all_reduce", [&] { return g.backend->allreduce(tensors, opts); }, std::move(finish));
+}
+
+void Group::all_reduce(at::Tensor& tensor, ReduceOp op) { all_reduce_async(tensor, op).wait(); }
+
+Pending Group::broadcast_async(at::Tensor& tensor, int root) {
+  auto& g = checked("broadcast");
+  check_tensor(g, "broadcast", tensor);
+  if (root < 0 || root >= size())
+    throw ConfigError(fmt::format("cohort: broadcast root {} is not a rank of group '{}' (0..{})", root, g.name,
+                                  size() - 1));
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  opts.timeout = g.timeout;
+  return launch("broadcast", [&] { return g.backend->broadcast(tensors, opts); });
+}
+
+void Group::broadcast(at::Tensor& tensor, int root) { broadcast_async(tensor, root).wait(); }
+
+std::vector<at::Tensor> Group::all_gather(const at::Tensor& tensor) {
+  auto& g = checked("all_gather");
+  check_tensor(g, "all_gather", tensor);
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int i = 0; i < size(); ++i) outputs[0].push_back(at::empty_like(tensor));
+  std::vector<at::Tensor> inputs{tensor};
+  c10d::AllgatherOptions opts;
+  opts.timeout = g.timeout;
+  launch("all_gather", [&] { return g.backend->allgather(outputs, inputs, opts); }).wait();
+  return outputs[0];
+}
+
+at::Tensor Group::reduce_scatter(const at::Tensor& input, ReduceOp op) {
+  auto& g = checked("reduce_scatter");
+  check_tensor(g, "reduce_scatter", input);
+  const int n = size();
+  if (input.dim() == 0 || input.size(0) % n != 0)
+    throw ConfigError(fmt::format("cohort: reduce_scatter needs an input whose first dimension divides into {} "
+                                  "equal chunks; got shape {}",
+                                  n, c10::str(input.sizes())));
+  const int64_t chunk = input.size(0) / n;
+  if (g.backend->getBackendName() == "nccl") {
+    auto output = at::empty_like(input.narrow(0, 0, chunk));
+    auto in = input;
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.timeout = g.timeout;
+    launch("reduce_scatter", [&] { return g.backend->_reduce_scatter_base(output, in, opts); }).wait();
+    if (op == ReduceOp::kAvg) output.div_(n);
+    return output;
+  }
+  // Gloo has no reduce-scatter in every LibTorch we support: reduce the whole input
+  // and keep this rank's chunk. Same result, n times the traffic.
+  auto full = input.clone();
+  all_reduce(full, op);
+  return full.narrow(0, chunk * rank(), chunk).clone();
+}
+
+void Group::barrier() {
+  auto& g = checked("barrier");
+  c10d::BarrierOptions opts;
+  opts.timeout = g.timeout;
+  launch("barrier", [&] { return g.backend->barrier(opts); }).wait();
+}
+
+namespace {
+void check_peer(const GroupState& g, const char* op, int peer, const char* role) {
+  const int n = static_cast<int>(g.global_ranks.size());
+  if (peer < 0 || peer >= n || peer == g.rank)
+    throw ConfigError(fmt::format("cohort: {} on rank {}: the {} {} must be another rank of group '{}' (0..{})", op,
+                                  g.rank, role, peer, g.name, n - 1));
+}
+}  // namespace
+
+void Group::send(const at::Tensor& tensor, int dst, int tag) {
+  auto& g = checked("send");
+  check_tensor(g, "send", tensor);
+  check_peer(g, "send", dst, "destination");
+  std::vector<at::Tensor> tensors{tensor};
+  launch("send", [&] { return g.backend->send(tensors, dst, tag); }).wait();
+}
+
+void Group::recv(at::Tensor& tensor, int src, int tag) {
+  auto& g = checked("recv");
+  check_tensor(g, "recv", tensor);
+  check_peer(g, "recv", src, "source");
+  std::vector<at::Tensor> tensors{tensor};
+  launch("recv", [&] { return g.backend->recv(tensors, src, tag); }).wait();
+}
+
+}  // namespace cohort::comm

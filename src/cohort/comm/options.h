@@ -1,0 +1,35 @@
+#pragma once
+// How a World is set up, in LibTorch's options idiom:
+//
+//   auto world = cohort::comm::World::init(
+//       cohort::comm::InitOptions().backend("gloo").timeout(std::chrono::seconds(60)));
+#include <torch/arg.h>
+
+#include <chrono>
+#include <string>
+
+#include "cohort/comm/environment.h"
+
+namespace cohort::comm {
+
+struct InitOptions {
+  // "auto" picks NCCL when this LibTorch has it and a GPU is visible, Gloo otherwise.
+  TORCH_ARG(std::string, backend) = "auto";
+  // Bound on every collective and point-to-point operation.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(10);
+  // Bound on joining the world: reaching the store and waiting for every rank.
+  TORCH_ARG(std::chrono::milliseconds, join_timeout) = std::chrono::minutes(5);
+  // How often each rank publishes which collective it has reached (see
+  // Note [Arrival board]); a rank silent for 3 intervals is reported as gone.
+  TORCH_ARG(std::chrono::milliseconds, heartbeat_interval) = std::chrono::seconds(1);
+  // Network interface for Gloo (GLOO_SOCKET_IFNAME); empty picks one.
+  TORCH_ARG(std::string, network_interface) = "";
+
+
+ public:  // TORCH_ARG leaves the struct in a private section.
+  // Defaults overridden by COHORT_BACKEND, COHORT_TIMEOUT (seconds),
+  // COHORT_JOIN_TIMEOUT (seconds) and GLOO_SOCKET_IFNAME.
+  static InitOptions from_env(const EnvMap& env);
+};
+
+}  // namespace cohort::comm

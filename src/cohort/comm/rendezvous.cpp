@@ -1,0 +1,81 @@
+#include "cohort/comm/rendezvous.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include "cohort/errors.h"
+
+namespace cohort::comm {
+namespace {
+
+std::string host_name() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const InitOptions& options) {
+  if (info.master_addr.empty()) {
+    TORCH_INTERNAL_ASSERT(info.world_size == 1, "a multi-rank world without MASTER_ADDR passed validation");
+    return c10::make_intrusive<c10d::HashStore>();
+  }
+  const bool server = !info.use_agent_store && info.rank == 0;
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  try {
+    tcp = compat::make_tcp_store(info.master_addr, static_cast<std::uint16_t>(info.master_port), server,
+                                 options.join_timeout());
+  } catch (const std::exception& e) {
+    auto seconds = std::chrono::duration<double>(options.join_timeout()).count();
+    if (server)
+      throw ConfigError(fmt::format("cohort: rank 0 could not listen on {}:{} for the rendezvous store: {}\n  fix: "
+                                    "pick a free MASTER_PORT, or start through `cohort run`, which picks one",
+                                    info.master_addr, info.master_port, e.what()));
+    throw TimeoutError(
+        fmt::format("cohort: rank {} could not reach the rendezvous store at {}:{} within {:.0f} s: {}\n  fix: is "
+                    "{} running? check MASTER_ADDR/MASTER_PORT and that this host can reach that address",
+                    info.rank, info.master_addr, info.master_port, seconds, e.what(),
+                    info.use_agent_store ? "the launcher's agent" : "rank 0"),
+        "connect to store", info.use_agent_store ? std::vector<int>{} : std::vector<int>{0});
+  }
+  tcp->setTimeout(options.join_timeout());
+  if (!info.use_agent_store) return tcp;
+  return c10::make_intrusive<c10d::PrefixStore>(
+      "/worker/attempt_" + std::to_string(info.restart_count), tcp);
+}
+
+void join(c10d::Store& store, const std::string& key, int rank, const std::vector<int>& ranks,
+          std::chrono::milliseconds timeout) {
+  auto key_of = [&](int r) { return key + "/" + std::to_string(r); };
+  auto me = host_name() + ":" + std::to_string(getpid());
+  store.set(key_of(rank), std::vector<uint8_t>(me.begin(), me.end()));
+  std::vector<std::string> keys;
+  for (int r : ranks) keys.push_back(key_of(r));
+  try {
+    store.wait(keys, timeout);
+    return;
+  } catch (const std::exception&) {
+    // Fall through to find out who is missing.
+  }
+  std::vector<int> missing;
+  for (int r : ranks) {
+    try {
+      if (!store.check({key_of(r)})) missing.push_back(r);
+    } catch (const std::exception&) {
+      missing.push_back(r);
+    }
+  }
+  auto seconds = std::chrono::duration<double>(timeout).count();
+  throw TimeoutError(
+      fmt::format("cohort: rank {} waited {:.0f} s for every rank to join '{}'; missing: rank{} {}.\n  fix: check "
+                  "that those ranks started (their output, or the `cohort run` summary) and that WORLD_SIZE={} "
+                  "matches the number of processes launched; raise InitOptions::join_timeout (COHORT_JOIN_TIMEOUT) "
+                  "if they start slowly",
+                  rank, seconds, key, missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), ranks.size()),
+      "join", missing);
+}
+
+}  // namespace cohort::comm

@@ -1,0 +1,92 @@
+#include "cohort/comm/slurm.h"
+
+#include <cstddef>
+
+#include "cohort/errors.h"
+#include "cohort/util/parse.h"
+
+namespace cohort::comm::slurm {
+namespace {
+
+// Splits on commas that are not inside brackets.
+std::vector<std::string> split_top_level(const std::string& s) {
+  std::vector<std::string> parts;
+  std::string current;
+  int depth = 0;
+  for (char c : s) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      parts.push_back(current);
+      current.clear();
+    } else {
+      current.push_back(c);
+    }
+  }
+  if (!current.empty()) parts.push_back(current);
+  return parts;
+}
+
+// "01-03" -> {"01","02","03"}, keeping the zero padding of the lower bound.
+std::vector<std::string> expand_range(const std::string& range,
+                                      const std::string& hostlist) {
+  auto dash = range.find('-');
+  if (dash == std::string::npos) return {range};
+  std::string lo = range.substr(0, dash);
+  std::string hi = range.substr(dash + 1);
+  long a = util::parse_long(lo, "a SLURM host range in '" + hostlist + "'");
+  long b = util::parse_long(hi, "a SLURM host range in '" + hostlist + "'");
+  if (b < a) throw ConfigError("SLURM host list '" + hostlist + "': range " + range + " is reversed");
+  std::vector<std::string> out;
+  for (long i = a; i <= b; ++i) {
+    std::string n = std::to_string(i);
+    if (n.size() < lo.size()) n.insert(0, lo.size() - n.size(), '0');
+    out.push_back(n);
+  }
+  return out;
+}
+
+void expand_one(const std::string& item, const std::string& hostlist,
+                std::vector<std::string>& out) {
+  auto open = item.find('[');
+  if (open == std::string::npos) {
+    out.push_back(item);
+    return;
+  }
+  auto close = item.find(']', open);
+  if (close == std::string::npos)
+    throw ConfigError("SLURM host list '" + hostlist + "': unclosed '['");
+  std::string prefix = item.substr(0, open);
+  std::string rest = item.substr(close + 1);
+  std::string inner = item.substr(open + 1, close - open - 1);
+  for (const auto& range : split_top_level(inner))
+    for (const auto& n : expand_range(range, hostlist))
+      expand_one(prefix + n + rest, hostlist, out);
+}
+
+}  // namespace
+
+std::vector<std::string> expand_hostlist(const std::string& hostlist) {
+  std::vector<std::string> hosts;
+  for (const auto& item : split_top_level(hostlist)) expand_one(item, hostlist, hosts);
+  return hosts;
+}
+
+std::vector<int> expand_tasks_per_node(const std::string& spec) {
+  std::vector<int> counts;
+  for (const auto& item : split_top_level(spec)) {
+    auto paren = item.find("(x");
+    int tasks = static_cast<int>(util::parse_long(item.substr(0, paren), "SLURM_TASKS_PER_NODE"));
+    long repeat = 1;
+    if (paren != std::string::npos) {
+      auto close = item.find(')', paren);
+      if (close == std::string::npos)
+        throw ConfigError("SLURM_TASKS_PER_NODE='" + spec + "': unclosed '(x'");
+      repeat = util::parse_long(item.substr(paren + 2, close - paren - 2), "SLURM_TASKS_PER_NODE");
+    }
+    for (long i = 0; i < repeat; ++i) counts.push_back(tasks);
+  }
+  return counts;
+}
+
+}  // namespace cohort::comm::slurm

@@ -1,0 +1,157 @@
+#include "cohort/comm/world.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "cohort/comm/arrival_board.h"
+#include "cohort/comm/backend_factory.h"
+#include "cohort/comm/rendezvous.h"
+#include "cohort/errors.h"
+#include "cohort/util/parse.h"
+
+namespace cohort::comm {
+
+struct World::State {
+  WorldInfo info;
+  InitOptions options;
+  std::string backend;
+  c10::Device device{c10::kCPU};
+  c10::intrusive_ptr<c10d::Store> store;
+  mutable Group world_group;
+  mutable std::mutex mu;
+  mutable int groups_created = 0;
+};
+
+namespace {
+
+std::shared_ptr<GroupState> make_group(const World& world, const std::string& name, std::vector<int> ranks,
+                                       int group_rank, const c10::intrusive_ptr<c10d::Store>& store,
+                                       const std::string& backend, const InitOptions& options) {
+  auto g = std::make_shared<GroupState>();
+  g->name = name;
+  g->global_ranks = std::move(ranks);
+  g->rank = group_rank;
+  g->global_rank = world.rank();
+  g->timeout = options.timeout();
+  join(*store, "cohort/join", g->global_ranks[static_cast<size_t>(group_rank)], g->global_ranks,
+       options.join_timeout());
+  // The backend sees group ranks; the board and join see global ones.
+  g->backend = make_backend(backend, c10::make_intrusive<c10d::PrefixStore>("backend", store), group_rank,
+                            static_cast<int>(g->global_ranks.size()), world.info(), options);
+  g->board = std::make_unique<ArrivalBoard>(store, "cohort/board/", g->global_ranks, group_rank,
+                                            options.heartbeat_interval());
+  return g;
+}
+
+c10::Device pick_device(const std::string& backend, const WorldInfo& info) {
+  if (backend != "nccl") return c10::Device(c10::kCPU);
+  auto gpus = static_cast<int>(torch::cuda::device_count());
+  if (info.local_rank >= gpus)
+    throw ConfigError(fmt::format("cohort: LOCAL_RANK {} needs GPU {} but this host sees {} GPU(s); start at most "
+                                  "{} processes per node (cohort run --nproc-per-node gpu) or use --backend gloo",
+                                  info.local_rank, info.local_rank, gpus, gpus));
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank));
+}
+
+}  // namespace
+
+InitOptions InitOptions::from_env(const EnvMap& env) {
+  InitOptions o;
+  auto get = [&](const char* name) -> const std::string* {
+    auto it = env.find(name);
+    return it == env.end() || it->second.empty() ? nullptr : &it->second;
+  };
+  auto millis = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  if (auto v = get("COHORT_BACKEND")) o.backend(*v);
+  if (auto v = get("COHORT_TIMEOUT")) o.timeout(millis(util::parse_seconds(*v, "COHORT_TIMEOUT")));
+  if (auto v = get("COHORT_JOIN_TIMEOUT")) o.join_timeout(millis(util::parse_seconds(*v, "COHORT_JOIN_TIMEOUT")));
+  if (auto v = get("GLOO_SOCKET_IFNAME")) o.network_interface(*v);
+  return o;
+}
+
+World World::init(InitOptions options) { return init(world_info_from(process_environment()), std::move(options)); }
+
+World World::init(const WorldInfo& info, InitOptions options) {
+  auto store = make_world_store(info, options);
+  return build(info, std::move(store), std::move(options));
+}
+
+World World::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int size, InitOptions options) {
+  WorldInfo info;
+  info.rank = rank;
+  info.world_size = size;
+  info.local_rank = rank;
+  info.local_world_size = size;
+  return build(info, std::move(store), std::move(options));
+}
+
+World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store, InitOptions options) {
+  auto state = std::make_shared<State>();
+  state->backend = resolve_backend(options.backend());
+  state->device = pick_device(state->backend, info);
+  state->info = std::move(info);
+  state->options = std::move(options);
+  state->store = std::move(store);
+  World world(state);
+  std::vector<int> all(static_cast<size_t>(state->info.world_size));
+  for (int r = 0; r < state->info.world_size; ++r) all[static_cast<size_t>(r)] = r;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("cohort/world", state->store);
+  state->world_group = Group(make_group(world, "world", all, state->info.rank, prefixed, state->backend,
+                                        state->options));
+  return world;
+}
+
+int World::rank() const { return state_->info.rank; }
+int World::size() const { return state_->info.world_size; }
+int World::local_rank() const { return state_->info.local_rank; }
+int World::local_size() const { return state_->info.local_world_size; }
+const WorldInfo& World::info() const { return state_->info; }
+const std::string& World::backend_name() const { return state_->backend; }
+c10::Device World::device() const { return state_->device; }
+c10::intrusive_ptr<c10d::Store> World::store() const { return state_->store; }
+Group& World::group() const { return state_->world_group; }
+
+Group World::new_group(std::vector<int> ranks) const {
+  int id;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    id = ++state_->groups_created;
+  }
+  auto sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (ranks.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+      sorted.back() >= size())
+    throw ConfigError(fmt::format("cohort: new_group([{}]) on rank {}: ranks must be distinct world ranks in "
+                                  "[0, {})",
+                                  fmt::join(ranks, ", "), rank(), size()));
+  auto me = std::find(ranks.begin(), ranks.end(), rank());
+  if (me == ranks.end()) return Group();
+  const int group_rank = static_cast<int>(me - ranks.begin());
+  auto name = "group" + std::to_string(id);
+  auto store = c10::make_intrusive<c10d::PrefixStore>("cohort/" + name, state_->store);
+  // Members must agree on the rank list, or Gloo would wait for a peer that is not
+  // coming. The first member publishes it and the others compare.
+  auto spec = fmt::format("{}", fmt::join(ranks, ","));
+  if (group_rank == 0) store->set("spec", std::vector<uint8_t>(spec.begin(), spec.end()));
+  std::vector<uint8_t> theirs;
+  try {
+    store->wait({"spec"}, state_->options.join_timeout());
+    theirs = store->get("spec");
+  } catch (const std::exception& e) {
+    throw TimeoutError(fmt::format("cohort: rank {} waited for rank {} to create {} over ranks [{}]: {}", rank(),
+                                   ranks.front(), name, spec, e.what()),
+                       "new_group", {ranks.front()});
+  }
+  if (std::string(theirs.begin(), theirs.end()) != spec)
+    throw ConfigError(fmt::format("cohort: new_group #{} differs across ranks: rank {} asked for [{}], rank {} for "
+                                  "[{}]; every rank must make the same new_group calls in the same order",
+                                  id, rank(), spec, ranks.front(), std::string(theirs.begin(), theirs.end())));
+  return Group(make_group(*this, name, std::move(ranks), group_rank, store,
+                          state_->backend, state_->options));
+}
+
+}  // namespace cohort::comm

@@ -1,0 +1,58 @@
+#pragma once
+// The one place where LibTorch's c10d API differences live.
+//
+// Note [LibTorch versions]
+// cohort builds against LibTorch 1.13 (Debian 12), 2.6 (Debian 13) and pip's 2.x with
+// CUDA. Two differences matter to us:
+//  * In 1.13 a backend such as ProcessGroupGloo *is* a c10d::ProcessGroup. In 2.x it
+//    derives from c10d::Backend, and c10d::ProcessGroup became a dispatcher over
+//    backends. cohort only ever talks to the backend, so compat::Backend names
+//    whichever class the backends derive from.
+//  * 2.x's TCPStore server defaults to a libuv event loop (TCPStoreOptions::useLibUV),
+//    but Debian's 2.6 is built without libuv and throws. make_tcp_store() asks for the
+//    classic server wherever the field exists.
+// Nothing outside this header may test TORCH_VERSION_*.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace cohort::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using Backend = c10d::Backend;
+#else
+using Backend = c10d::ProcessGroup;
+#endif
+using Work = c10d::Work;
+
+inline constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
+inline constexpr int kTorchMinor = TORCH_VERSION_MINOR;
+
+// A TCPStore server (is_server) or client. Port 0 on a server binds a free port;
+// TCPStore::getPort() then reports it.
+inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(
+    const std::string& host, std::uint16_t port, bool is_server,
+    std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = port;
+  opts.isServer = is_server;
+  opts.waitWorkers = false;  // cohort runs its own bounded join (comm/join.h)
+  opts.timeout = timeout;
+#if TORCH_VERSION_MAJOR >= 2
+  opts.useLibUV = false;
+#endif
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
+}  // namespace cohort::compat

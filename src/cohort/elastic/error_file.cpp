@@ -1,0 +1,95 @@
+#include "cohort/elastic/error_file.h"
+
+#include <c10/util/Exception.h>
+#include <cxxabi.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <typeinfo>
+
+#include "cohort/comm/environment.h"
+
+namespace cohort::elastic {
+namespace {
+
+std::string type_name(const std::exception& e) {
+  if (dynamic_cast<const c10::Error*>(&e)) return "c10::Error";
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : typeid(e).name();
+  std::free(demangled);
+  return name;
+}
+
+// c10::Error's what() carries the C++ backtrace after the message; keep the message
+// short and put the whole text in the detail.
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+}  // namespace
+
+std::string to_json(const ErrorRecord& record) {
+  nlohmann::json j;
+  j["message"]["message"] = record.message;
+  j["message"]["extraInfo"]["py_callstack"] = record.detail;
+  j["message"]["extraInfo"]["timestamp"] = std::to_string(record.timestamp);
+  return j.dump();
+}
+
+bool write_error_file(const std::string& path, const ErrorRecord& record) {
+  auto tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return false;
+    out << to_json(record);
+    if (!out.flush()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+std::optional<ErrorRecord> read_error_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream buf;
+  buf << in.rdbuf();
+  ErrorRecord r;
+  try {
+    auto j = nlohmann::json::parse(buf.str());
+    const auto& m = j.at("message");
+    if (m.is_string()) {
+      r.message = m.get<std::string>();
+    } else {
+      r.message = m.at("message").get<std::string>();
+      const auto& extra = m.value("extraInfo", nlohmann::json::object());
+      r.detail = extra.value("py_callstack", "");
+      auto ts = extra.value("timestamp", "0");
+      r.timestamp = std::strtol(ts.c_str(), nullptr, 10);
+    }
+  } catch (const std::exception&) {
+    r.message = buf.str();
+  }
+  return r;
+}
+
+int record(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    ErrorRecord r;
+    std::string what = e.what();
+    r.message = type_name(e) + ": " + first_line(what);
+    r.detail = what;
+    r.timestamp = static_cast<long>(std::time(nullptr));
+    auto env = comm::process_environment();
+    auto it = env.find("TORCHELASTIC_ERROR_FILE");
+    if (it != env.end() && !it->second.empty() && !write_error_file(it->second, r))
+      std::cerr << "cohort: could not write the error file " << it->second << "\n";
+    std::cerr << "error: " << what << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace cohort::elastic

@@ -1,0 +1,121 @@
+#include "cohort/launcher/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace cohort::launcher {
+namespace {
+
+// torchrun accepts both --nproc-per-node and --nproc_per_node.
+std::string spellings(const std::string& name) {
+  auto underscored = name;
+  std::replace(underscored.begin(), underscored.end(), '-', '_');
+  return underscored == name ? "--" + name : "--" + name + ",--" + underscored;
+}
+
+constexpr const char* kDescription =
+    "Starts PROGRAM as a group of worker processes that train together, as torchrun does.\n"
+    "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,\n"
+    "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_* and (several workers, unset)\n"
+    "OMP_NUM_THREADS=1. Output lines are prefixed with the worker's rank. When a worker\n"
+    "fails, the others are stopped and the launcher exits 1 naming the first failure.\n"
+    "PROGRAM is any executable; it need not link cohort.\n\n"
+    "Usage: cohort run [FLAGS] [--] PROGRAM [ARGS...]";
+
+}  // namespace
+
+std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args, std::ostream& out) {
+  RunOptions o;
+  std::string nnodes = "1", redirects = "0", tee = "0", filter;
+  bool no_python = false;
+  CLI::App app(kDescription, "cohort run");
+  app.prefix_command();
+  app.set_help_flag("-h,--help", "Print this help and exit");
+  app.add_option(spellings("nproc-per-node"), o.nproc_per_node,
+                 "Workers on this node: N, auto (GPUs if any, else CPUs), cpu (CPU count) or gpu (GPU count)")
+      ->default_str("1");
+  app.add_option("--nnodes", nnodes, "Number of nodes: N (static). MIN:MAX is reserved for elastic runs")
+      ->default_str("1");
+  app.add_option(spellings("node-rank"), o.node_rank, "This node's rank among the nodes, 0..N-1")->default_str("0");
+  app.add_option(spellings("master-addr"), o.master_addr,
+                 "Address of node 0, which hosts the rendezvous store")
+      ->default_str("127.0.0.1");
+  app.add_option(spellings("master-port"), o.master_port,
+                 "Port of the rendezvous store on node 0; 0 or absent picks a free port (one node only)")
+      ->default_str("0");
+  app.add_flag("--standalone", o.standalone, "Single node on localhost with a free port; ignores --master-*");
+  app.add_option(spellings("rdzv-id") + "," + spellings("run-id"), o.run_id,
+                 "Job id, exported as TORCHELASTIC_RUN_ID")
+      ->default_str("none");
+  app.add_option("--role", o.role, "Worker role name (ROLE_NAME)")->default_str("default");
+  app.add_option(spellings("max-restarts"), o.max_restarts,
+                 "Restart all workers up to this many times after a failure (one node)")
+      ->default_str("0");
+  app.add_option(spellings("monitor-interval"), o.monitor_interval,
+                 "Seconds between liveness checks of the workers (exits are also seen at once)")
+      ->default_str("0.1");
+  app.add_option(spellings("stop-timeout"), o.stop_timeout,
+                 "Seconds between SIGTERM and SIGKILL when stopping workers")
+      ->default_str("5");
+  app.add_option(spellings("join-timeout"), o.join_timeout,
+                 "Seconds the agents of a multi-node job wait for each other")
+      ->default_str("300");
+  app.add_option(spellings("log-dir"), o.log_dir,
+                 "Directory for per-worker logs and error files (a temporary one when absent)");
+  app.add_option("-r,--redirects", redirects,
+                 "Send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or "
+                 "local_rank:code pairs such as 0:1,1:3")
+      ->default_str("0");
+  app.add_option("-t,--tee", tee, "Copy worker streams to log files as well as the console (same codes)")
+      ->default_str("0");
+  app.add_option(spellings("local-ranks-filter"), filter,
+                 "Show console output of these local ranks only, e.g. 0 or 0,2 (logs keep everything)");
+  app.add_flag(spellings("no-python"), no_python, "Accepted for torchrun compatibility: PROGRAM is always executed");
+
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(fmt::format("{}\n  see `cohort run --help`", e.what()));
+  }
+
+  auto rest = app.remaining();
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (!rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-')
+    throw UsageError(fmt::format("unknown flag {}: see `cohort run --help`; put the program after `--` if its "
+                                 "name starts with '-'",
+                                 rest.front()));
+  if (!rest.empty()) {
+    o.program = rest.front();
+    o.program_args.assign(rest.begin() + 1, rest.end());
+  }
+  std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(nnodes);
+  o.redirects = parse_stream_selection(redirects, "--redirects");
+  o.tee = parse_stream_selection(tee, "--tee");
+  if (!filter.empty()) {
+    std::set<int> ranks;
+    std::stringstream in(filter);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      int r = -1;
+      try {
+        r = std::stoi(item);
+      } catch (const std::exception&) {
+      }
+      if (r < 0 || std::to_string(r) != item)
+        throw UsageError(fmt::format("--local-ranks-filter {}: give local ranks such as 0 or 0,2", filter));
+      ranks.insert(r);
+    }
+    o.local_ranks_filter = ranks;
+  }
+  if (o.standalone) o.master_addr = "127.0.0.1", o.master_port = 0;
+  validate(o);
+  return o;
+}
+
+}  // namespace cohort::launcher

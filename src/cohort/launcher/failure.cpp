@@ -1,0 +1,59 @@
+#include "cohort/launcher/failure.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+
+#include "cohort/launcher/worker_process.h"
+
+namespace cohort::launcher {
+
+bool WorkerOutcome::succeeded() const { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
+
+bool is_casualty(const WorkerOutcome& w) {
+  if (!w.error) return false;
+  const auto& m = w.error->message;
+  return m.rfind("cohort::CommError", 0) == 0 || m.rfind("cohort::TimeoutError", 0) == 0;
+}
+
+// Note [Root cause]
+// When one worker dies, its peers fail too: their collectives see a closed
+// connection (CommError) or time out (TimeoutError). Exit order alone misleads,
+// because a worker that throws tears down its sockets *before* its error handler
+// writes the error file, so a peer can report the broken connection first. The
+// root cause is therefore the first worker, in exit order, whose error is its own
+// (anything but those two casualty errors), even if the launcher stopped it while it
+// was exiting; failing that, the first worker that failed without being stopped.
+const WorkerOutcome* root_cause(const std::vector<WorkerOutcome>& in_exit_order) {
+  for (const auto& w : in_exit_order)
+    if (!w.succeeded() && w.error && !is_casualty(w)) return &w;
+  for (const auto& w : in_exit_order)
+    if (!w.succeeded() && !w.stopped_by_launcher) return &w;
+  return nullptr;
+}
+
+std::string failure_summary(const std::vector<WorkerOutcome>& in_exit_order, const FailureContext& c) {
+  std::string out = fmt::format("cohort run: the job failed (run id '{}', attempt {}, --max-restarts {})\n", c.run_id,
+                                c.attempt, c.max_restarts);
+  const WorkerOutcome* root = root_cause(in_exit_order);
+  if (root) {
+    out += fmt::format(
+        "  root cause (first worker to fail):\n    rank {} (local rank {} on node {}, host {}), pid {}: {}\n",
+        root->slot.rank, root->slot.local_rank, root->slot.group_rank, c.host, root->pid,
+        describe_status(root->wait_status));
+    if (root->error) {
+      out += fmt::format("    message: {}\n", root->error->message);
+      out += fmt::format("    error file: {}\n", root->error_file);
+    } else {
+      out += "    message: none left (the worker wrote no error file; wrap main in cohort::elastic::record, or read "
+             "its output above)\n";
+    }
+  }
+  for (const auto& w : in_exit_order) {
+    if (&w == root || w.succeeded()) continue;
+    out += fmt::format("  rank {} (pid {}): {}{}\n", w.slot.rank, w.pid, describe_status(w.wait_status),
+                       w.stopped_by_launcher ? ", stopped by the launcher" : "");
+  }
+  return out;
+}
+
+}  // namespace cohort::launcher

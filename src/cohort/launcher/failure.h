@@ -1,0 +1,42 @@
+#pragma once
+// How a worker ended, and the summary the launcher prints when a job fails. Pure.
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cohort/elastic/error_file.h"
+#include "cohort/launcher/worker_env.h"
+
+namespace cohort::launcher {
+
+struct WorkerOutcome {
+  WorkerSlot slot;
+  pid_t pid = -1;
+  int wait_status = 0;
+  bool stopped_by_launcher = false;  // it was still running when the launcher stopped it
+  std::optional<elastic::ErrorRecord> error;
+  std::string error_file;
+
+  bool succeeded() const;
+};
+
+// A worker that failed because a peer did (its error is a cohort::CommError or
+// cohort::TimeoutError).
+bool is_casualty(const WorkerOutcome& outcome);
+
+// The worker that failed first on its own account (Note [Root cause]); nullptr when
+// none did.
+const WorkerOutcome* root_cause(const std::vector<WorkerOutcome>& in_exit_order);
+
+struct FailureContext {
+  std::string host;
+  std::string run_id;
+  int attempt = 0;
+  int max_restarts = 0;
+};
+
+std::string failure_summary(const std::vector<WorkerOutcome>& in_exit_order, const FailureContext& context);
+
+}  // namespace cohort::launcher

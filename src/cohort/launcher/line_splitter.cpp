@@ -1,0 +1,25 @@
+#include "cohort/launcher/line_splitter.h"
+
+namespace cohort::launcher {
+
+void LineSplitter::feed(const char* data, std::size_t size, const Emit& emit) {
+  for (std::size_t i = 0; i < size; ++i) {
+    if (data[i] == '\n') {
+      emit(pending_);
+      pending_.clear();
+      continue;
+    }
+    pending_.push_back(data[i]);
+    if (pending_.size() == kMaxLine) {
+      emit(pending_);
+      pending_.clear();
+    }
+  }
+}
+
+void LineSplitter::finish(const Emit& emit) {
+  if (!pending_.empty()) emit(pending_);
+  pending_.clear();
+}
+
+}  // namespace cohort::launcher

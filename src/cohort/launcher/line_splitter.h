@@ -1,0 +1,24 @@
+#pragma once
+// Turns a byte stream into whole lines, so that the launcher can prefix each line
+// with its rank and write it in one piece. Pure: no file descriptors.
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace cohort::launcher {
+
+class LineSplitter {
+ public:
+  // A line longer than this is emitted in pieces of this size.
+  static constexpr std::size_t kMaxLine = 64 * 1024;
+  using Emit = std::function<void(const std::string& line)>;  // without the '\n'
+
+  void feed(const char* data, std::size_t size, const Emit& emit);
+  // End of stream: emits a last line that had no newline.
+  void finish(const Emit& emit);
+
+ private:
+  std::string pending_;
+};
+
+}  // namespace cohort::launcher

@@ -1,0 +1,153 @@
+#include "cohort/launcher/run_options.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "cohort/util/parse.h"
+
+namespace cohort::launcher {
+namespace {
+
+long parse_flag_int(const std::string& text, const std::string& flag) {
+  try {
+    return util::parse_long(text, flag);
+  } catch (const ConfigError&) {
+    throw UsageError(fmt::format("{} {}: expected an integer", flag, text));
+  }
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(s);
+  std::string part;
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  if (!s.empty() && s.back() == sep) parts.emplace_back();
+  return parts;
+}
+
+int parse_stream_code(const std::string& code, const std::string& flag, const std::string& whole) {
+  long v = -1;
+  try {
+    v = util::parse_long(code, flag);
+  } catch (const ConfigError&) {
+  }
+  if (v < 0 || v > 3)
+    throw UsageError(fmt::format("{} {}: use 0 (none), 1 (stdout), 2 (stderr) or 3 (both), or local_rank:code "
+                                 "pairs such as 0:1,1:3",
+                                 flag, whole));
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+int StreamSelection::for_local_rank(int local_rank) const {
+  auto it = per_local_rank.find(local_rank);
+  return it == per_local_rank.end() ? all : it->second;
+}
+
+bool StreamSelection::any() const {
+  if (all) return true;
+  for (const auto& [rank, code] : per_local_rank)
+    if (code) return true;
+  return false;
+}
+
+StreamSelection parse_stream_selection(const std::string& text, const std::string& flag) {
+  StreamSelection sel;
+  if (text.find(':') == std::string::npos) {
+    sel.all = parse_stream_code(text, flag, text);
+    return sel;
+  }
+  for (const auto& item : split(text, ',')) {
+    auto colon = item.find(':');
+    if (colon == std::string::npos)
+      throw UsageError(fmt::format("{} {}: mix of forms; give one code (\"3\") or local_rank:code pairs "
+                                   "(\"0:1,1:3\")",
+                                   flag, text));
+    auto rank = parse_flag_int(item.substr(0, colon), flag);
+    if (rank < 0) throw UsageError(fmt::format("{} {}: local rank {} is negative", flag, text, rank));
+    sel.per_local_rank[static_cast<int>(rank)] = parse_stream_code(item.substr(colon + 1), flag, text);
+  }
+  return sel;
+}
+
+std::pair<int, int> parse_nnodes(const std::string& text) {
+  auto parts = split(text, ':');
+  if (parts.empty() || parts.size() > 2)
+    throw UsageError(fmt::format("--nnodes {}: give N or MIN:MAX, e.g. --nnodes 2 or --nnodes 1:4", text));
+  auto lo = parse_flag_int(parts[0], "--nnodes");
+  auto hi = parts.size() == 2 ? parse_flag_int(parts[1], "--nnodes") : lo;
+  if (lo < 1) throw UsageError(fmt::format("--nnodes {}: the minimum number of nodes must be at least 1", text));
+  if (hi < lo) throw UsageError(fmt::format("--nnodes {}: MIN {} is greater than MAX {}; write MIN:MAX", text, lo, hi));
+  return {static_cast<int>(lo), static_cast<int>(hi)};
+}
+
+int resolve_nproc(const std::string& spec, int cpu_count, int gpu_count) {
+  if (spec == "auto") return gpu_count > 0 ? gpu_count : cpu_count;
+  if (spec == "cpu") return cpu_count;
+  if (spec == "gpu") {
+    if (gpu_count == 0)
+      throw UsageError("--nproc-per-node gpu: this host sees no GPU; use a number, cpu or auto");
+    return gpu_count;
+  }
+  auto n = parse_flag_int(spec, "--nproc-per-node");
+  if (n < 1)
+    throw UsageError(fmt::format("--nproc-per-node {}: start at least 1 worker (or give auto, cpu or gpu)", spec));
+  return static_cast<int>(n);
+}
+
+void validate(const RunOptions& o) {
+  if (o.nproc_per_node != "auto" && o.nproc_per_node != "cpu" && o.nproc_per_node != "gpu")
+    resolve_nproc(o.nproc_per_node, 1, 0);
+  if (o.min_nodes != o.max_nodes)
+    throw UsageError(fmt::format("--nnodes {}:{}: an elastic range needs an elastic rendezvous "
+                                 "(--rdzv-backend c10d), which this launcher does not offer yet; give a fixed "
+                                 "number of nodes",
+                                 o.min_nodes, o.max_nodes));
+  if (o.node_rank < 0 || o.node_rank >= o.max_nodes)
+    throw UsageError(fmt::format("--node-rank {}: must be in [0, {}) for --nnodes {}", o.node_rank, o.max_nodes,
+                                 o.max_nodes));
+  if (o.master_port < 0 || o.master_port > 65535)
+    throw UsageError(fmt::format("--master-port {}: not a TCP port; use 1-65535, or 0 for a free one",
+                                 o.master_port));
+  if (o.max_nodes > 1 && o.master_port == 0)
+    throw UsageError("--master-port: a job of several nodes needs a fixed port that every node agrees on; pass "
+                     "--master-port PORT (and --master-addr HOST of node 0)");
+  if (o.max_nodes > 1 && o.standalone)
+    throw UsageError("--standalone runs a single node; drop it, or use --nnodes 1");
+  if (o.max_nodes > 1 && o.max_restarts > 0)
+    throw UsageError("--max-restarts: restarting a job of several nodes needs the elastic rendezvous "
+                     "(--rdzv-backend c10d), which this launcher does not offer yet; use --max-restarts 0");
+  if (o.max_restarts < 0)
+    throw UsageError(fmt::format("--max-restarts {}: must be 0 or more", o.max_restarts));
+  for (auto [flag, value] : {std::pair<const char*, double>{"--monitor-interval", o.monitor_interval},
+                             {"--stop-timeout", o.stop_timeout},
+                             {"--join-timeout", o.join_timeout}})
+    if (!(value >= 0)) throw UsageError(fmt::format("{} {}: must be a number of seconds >= 0", flag, value));
+  if (o.program.empty())
+    throw UsageError("no program given: cohort run [flags] [--] PROGRAM [ARGS...]");
+}
+
+std::string resolve_program(const std::string& program, const std::string& path_env) {
+  auto usable = [](const std::string& p) {
+    struct stat st {};
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (usable(program)) return program;
+    throw UsageError(fmt::format("program '{}' does not exist or is not executable; check the path (and chmod +x)",
+                                 program));
+  }
+  for (const auto& dir : split(path_env, ':')) {
+    auto candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (usable(candidate)) return candidate;
+  }
+  throw UsageError(fmt::format("program '{}' was not found on PATH; give its path (./{} for one in this "
+                               "directory)",
+                               program, program));
+}
+
+}  // namespace cohort::launcher

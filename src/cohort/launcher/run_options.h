@@ -1,0 +1,71 @@
+#pragma once
+// What `cohort run` was asked to do, as plain data. cli.h fills it from the command
+// line; validate() checks it before anything is started, so a bad flag never leaves
+// a process or a port behind.
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cohort/errors.h"
+
+namespace cohort::launcher {
+
+// A mistake on the command line: `cohort run` exits with code 2 and prints it.
+class UsageError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+// torchrun's --redirects/--tee values: "3" for every local rank, or "0:1,2:3" per
+// local rank. 0 = none, 1 = stdout, 2 = stderr, 3 = both.
+struct StreamSelection {
+  int all = 0;
+  std::map<int, int> per_local_rank;
+  int for_local_rank(int local_rank) const;
+  bool stdout_for(int local_rank) const { return for_local_rank(local_rank) & 1; }
+  bool stderr_for(int local_rank) const { return for_local_rank(local_rank) & 2; }
+  bool any() const;
+};
+StreamSelection parse_stream_selection(const std::string& text, const std::string& flag);
+
+struct RunOptions {
+  std::string nproc_per_node = "1";  // N | auto | cpu | gpu
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free port
+  bool standalone = false;
+  std::string run_id = "none";
+  std::string role = "default";
+  int max_restarts = 0;
+  double monitor_interval = 0.1;  // seconds
+  double stop_timeout = 5.0;      // seconds between SIGTERM and SIGKILL
+  double join_timeout = 300.0;    // seconds for the agents of a multi-node job to meet
+  std::string log_dir;
+  StreamSelection redirects;
+  StreamSelection tee;
+  std::optional<std::set<int>> local_ranks_filter;
+  std::string program;
+  std::vector<std::string> program_args;
+};
+
+// "2" -> {2,2}; "1:4" -> {1,4}. Throws UsageError for "1:2:3", "3:1", "0", "-1".
+std::pair<int, int> parse_nnodes(const std::string& text);
+
+// Resolves --nproc-per-node against what the host has, as torchrun does: auto is the
+// GPU count when there are GPUs and the CPU count otherwise.
+int resolve_nproc(const std::string& spec, int cpu_count, int gpu_count);
+
+// Checks everything that can be checked without side effects. Throws UsageError
+// naming the flag and the fix.
+void validate(const RunOptions& options);
+
+// The program as it will be executed: an absolute path found through PATH (or
+// the given path when it contains '/'). Throws UsageError when it is missing or not
+// executable.
+std::string resolve_program(const std::string& program, const std::string& path_env);
+
+}  // namespace cohort::launcher

@@ -1,0 +1,118 @@
+#include "cohort/launcher/static_rendezvous.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "cohort/errors.h"
+
+namespace cohort::launcher {
+namespace {
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Waits for `keys`, naming the nodes whose key is missing when time runs out.
+void wait_for_nodes(c10d::Store& store, const std::string& what, int nodes, std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (int n = 0; n < nodes; ++n) keys.push_back(fmt::format("cohort/static/{}/{}", what, n));
+  try {
+    store.wait(keys, timeout);
+    return;
+  } catch (const std::exception&) {
+  }
+  std::vector<int> missing;
+  for (int n = 0; n < nodes; ++n)
+    if (!store.check({keys[static_cast<size_t>(n)]})) missing.push_back(n);
+  throw TimeoutError(fmt::format("cohort run: waited {:.0f} s for every node to {}; missing node rank(s): {}.\n"
+                                 "  fix: start `cohort run` on those nodes with the same --nnodes, --master-addr and "
+                                 "--master-port, or raise --join-timeout",
+                                 std::chrono::duration<double>(timeout).count(),
+                                 what == "size" ? "join" : "finish", fmt::join(missing, ", ")),
+                     "static rendezvous", missing);
+}
+
+}  // namespace
+
+Assignment assign_ranks(const std::vector<int>& local_world_sizes, int node_rank) {
+  Assignment a;
+  a.group_rank = node_rank;
+  a.group_world_size = static_cast<int>(local_world_sizes.size());
+  a.world_size = 0;
+  for (int n = 0; n < a.group_world_size; ++n) {
+    if (n < node_rank) a.base_rank += local_world_sizes[static_cast<size_t>(n)];
+    a.world_size += local_world_sizes[static_cast<size_t>(n)];
+  }
+  return a;
+}
+
+void check_port_free(int port) {
+  if (port == 0) return;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0 && err == EADDRINUSE)
+    throw UsageError(fmt::format("--master-port {}: the port is already in use on this host (another job?); pick "
+                                 "another, or pass --master-port 0 for a free one",
+                                 port));
+}
+
+StaticRendezvous::StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout)
+    : options_(options), timeout_(timeout), address_(options.master_addr), port_(options.master_port) {
+  const bool host = options.node_rank == 0;
+  if (host) check_port_free(port_);
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  try {
+    tcp = compat::make_tcp_store(address_, static_cast<uint16_t>(port_), host, timeout_);
+  } catch (const std::exception& e) {
+    if (host)
+      throw UsageError(fmt::format("--master-port {}: could not host the rendezvous store: {}\n  pick another port, "
+                                   "or pass --master-port 0",
+                                   port_, e.what()));
+    throw TimeoutError(fmt::format("cohort run: node {} could not reach node 0's store at {}:{} within {:.0f} s: {}\n"
+                                   "  fix: start node 0 first or together, and check --master-addr/--master-port and "
+                                   "the network between the nodes",
+                                   options.node_rank, address_, port_,
+                                   std::chrono::duration<double>(timeout_).count(), e.what()),
+                       "static rendezvous", {0});
+  }
+  port_ = tcp->getPort();
+  store_ = tcp;
+}
+
+Assignment StaticRendezvous::assign(int local_world_size) {
+  const int nodes = options_.max_nodes;
+  store_->set(fmt::format("cohort/static/size/{}", options_.node_rank), bytes(std::to_string(local_world_size)));
+  wait_for_nodes(*store_, "size", nodes, timeout_);
+  std::vector<int> sizes;
+  for (int n = 0; n < nodes; ++n) {
+    auto raw = store_->get(fmt::format("cohort/static/size/{}", n));
+    sizes.push_back(std::stoi(std::string(raw.begin(), raw.end())));
+  }
+  return assign_ranks(sizes, options_.node_rank);
+}
+
+void StaticRendezvous::finish() {
+  if (options_.max_nodes == 1) return;
+  try {
+    store_->set(fmt::format("cohort/static/done/{}", options_.node_rank), bytes("1"));
+    if (options_.node_rank == 0) wait_for_nodes(*store_, "done", options_.max_nodes, timeout_);
+  } catch (const std::exception& e) {
+    // The job's outcome is already decided; report and move on.
+    fmt::print(stderr, "cohort run: while waiting for the other nodes to finish: {}\n", e.what());
+  }
+}
+
+}  // namespace cohort::launcher

@@ -1,0 +1,52 @@
+#pragma once
+// Static rendezvous: a fixed set of nodes. Node 0's agent hosts the job's TCPStore
+// (workers connect to it as TORCHELASTIC_USE_AGENT_STORE clients); every agent
+// publishes how many workers it runs, and global ranks follow node order. The
+// elastic rendezvous will sit beside this one and produce the same Assignment.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "cohort/compat/c10d.h"
+#include "cohort/launcher/run_options.h"
+
+namespace cohort::launcher {
+
+struct Assignment {
+  int group_rank = 0;
+  int group_world_size = 1;
+  int base_rank = 0;  // global rank of this node's local rank 0
+  int world_size = 1;
+};
+
+// Pure: node `node_rank`'s share given every node's worker count.
+Assignment assign_ranks(const std::vector<int>& local_world_sizes, int node_rank);
+
+// Fails with UsageError when `port` is taken on this host (0 is always free).
+void check_port_free(int port);
+
+class StaticRendezvous {
+ public:
+  // Hosts the store (node 0) or connects to it (others). Throws UsageError for a
+  // busy port, TimeoutError when node 0 cannot be reached within `timeout`.
+  StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout);
+
+  // Exchanges worker counts with the other agents, bounded by the timeout; the error
+  // names the node ranks that never arrived.
+  Assignment assign(int local_world_size);
+  // Called when this node's workers are done. Node 0 waits (bounded) until every node
+  // is done, because its store must outlive every worker.
+  void finish();
+
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+
+ private:
+  RunOptions options_;
+  std::chrono::milliseconds timeout_;
+  std::string address_;
+  int port_ = 0;
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+}  // namespace cohort::launcher

@@ -1,0 +1,34 @@
+#include "cohort/launcher/worker_env.h"
+
+namespace cohort::launcher {
+
+comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& options, const WorkerSlot& slot,
+                                const AttemptContext& attempt, const std::string& error_file) {
+  comm::EnvMap env = base;
+  auto set = [&](const char* name, const std::string& value) { env[name] = value; };
+  auto set_int = [&](const char* name, int value) { env[name] = std::to_string(value); };
+  set_int("LOCAL_RANK", slot.local_rank);
+  set_int("RANK", slot.rank);
+  set_int("GROUP_RANK", slot.group_rank);
+  // One role per job, so the role rank is the global rank.
+  set_int("ROLE_RANK", slot.rank);
+  set("ROLE_NAME", options.role);
+  set_int("LOCAL_WORLD_SIZE", slot.local_world_size);
+  set_int("WORLD_SIZE", slot.world_size);
+  set_int("GROUP_WORLD_SIZE", slot.group_world_size);
+  set_int("ROLE_WORLD_SIZE", slot.world_size);
+  set("MASTER_ADDR", attempt.store_addr);
+  set_int("MASTER_PORT", attempt.store_port);
+  set_int("TORCHELASTIC_RESTART_COUNT", attempt.restart_count);
+  set_int("TORCHELASTIC_MAX_RESTARTS", options.max_restarts);
+  set("TORCHELASTIC_RUN_ID", attempt.run_id);
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  set("TORCHELASTIC_ERROR_FILE", error_file);
+  if (env.find("TORCH_NCCL_ASYNC_ERROR_HANDLING") == env.end()) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  // Several workers each spawning a thread per core would oversubscribe the host.
+  auto omp = env.find("OMP_NUM_THREADS");
+  if (slot.local_world_size > 1 && (omp == env.end() || omp->second.empty())) set("OMP_NUM_THREADS", "1");
+  return env;
+}
+
+}  // namespace cohort::launcher

@@ -1,0 +1,33 @@
+#pragma once
+// The environment contract between the launcher and a worker: exactly the variables
+// torchrun sets, so a worker cannot tell cohort run from torchrun.
+#include <string>
+
+#include "cohort/comm/environment.h"
+#include "cohort/launcher/run_options.h"
+
+namespace cohort::launcher {
+
+// Where one worker stands in the job.
+struct WorkerSlot {
+  int local_rank = 0;
+  int rank = 0;
+  int local_world_size = 1;
+  int world_size = 1;
+  int group_rank = 0;  // node rank
+  int group_world_size = 1;
+};
+
+// Everything a worker needs to know beyond its slot.
+struct AttemptContext {
+  std::string store_addr;  // exported as MASTER_ADDR
+  int store_port = 0;      // exported as MASTER_PORT
+  int restart_count = 0;
+  std::string run_id;
+};
+
+// `base` is the launcher's own environment; the result is base plus the contract.
+comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& options, const WorkerSlot& slot,
+                                const AttemptContext& attempt, const std::string& error_file);
+
+}  // namespace cohort::launcher

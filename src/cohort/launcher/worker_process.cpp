@@ -1,0 +1,104 @@
+#include "cohort/launcher/worker_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "cohort/errors.h"
+
+namespace cohort::launcher {
+namespace {
+
+void make_pipe(int fds[2]) {
+  if (pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("cohort run: pipe: ") + std::strerror(errno));
+}
+
+// Only async-signal-safe calls between fork and exec.
+[[noreturn]] void exec_child(pid_t parent, int out_w, int err_w, int status_w, char* const* argv, char* const* envp) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
+  dup2(out_w, STDOUT_FILENO);
+  dup2(err_w, STDERR_FILENO);
+  int devnull = open("/dev/null", O_RDONLY);
+  if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+  execve(argv[0], argv, envp);
+  int err = errno;
+  ssize_t ignored = write(status_w, &err, sizeof err);
+  (void)ignored;
+  _exit(127);
+}
+
+}  // namespace
+
+WorkerProcess WorkerProcess::spawn(const SpawnRequest& request) {
+  std::vector<std::string> arg_strings{request.program};
+  arg_strings.insert(arg_strings.end(), request.args.begin(), request.args.end());
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : request.env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> argv, envp;
+  for (auto& s : arg_strings) argv.push_back(s.data());
+  for (auto& s : env_strings) envp.push_back(s.data());
+  argv.push_back(nullptr);
+  envp.push_back(nullptr);
+
+  int out[2], err[2], status[2];
+  make_pipe(out);
+  make_pipe(err);
+  make_pipe(status);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) close(fd);
+    throw Error(std::string("cohort run: fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) exec_child(parent, out[1], err[1], status[1], argv.data(), envp.data());
+  // Also set the group from this side, so that signal_group works even before the
+  // child has run (the usual race-free idiom; one of the two calls wins).
+  setpgid(pid, pid);
+  close(out[1]);
+  close(err[1]);
+  close(status[1]);
+  int exec_errno = 0;
+  ssize_t n;
+  do {
+    n = read(status[0], &exec_errno, sizeof exec_errno);
+  } while (n < 0 && errno == EINTR);
+  close(status[0]);
+  if (n > 0) {
+    waitpid(pid, nullptr, 0);
+    close(out[0]);
+    close(err[0]);
+    throw Error("cohort run: could not execute " + request.program + ": " + std::strerror(exec_errno));
+  }
+  WorkerProcess w;
+  w.pid_ = pid;
+  w.out_fd_ = out[0];
+  w.err_fd_ = err[0];
+  return w;
+}
+
+void WorkerProcess::signal_group(int signal) const {
+  if (pid_ > 0 && kill(-pid_, signal) != 0) kill(pid_, signal);
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);
+    return std::string("signal SIG") + (abbrev ? abbrev : "?") + " (" + std::to_string(sig) + ")";
+  }
+  return "status " + std::to_string(status);
+}
+
+}  // namespace cohort::launcher

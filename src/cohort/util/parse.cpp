@@ -1,0 +1,29 @@
+#include "cohort/util/parse.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "cohort/errors.h"
+
+namespace cohort::util {
+
+long parse_long(const std::string& text, const std::string& what) {
+  errno = 0;
+  char* end = nullptr;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
+    throw ConfigError(what + ": '" + text + "' is not an integer");
+  return value;
+}
+
+double parse_seconds(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value))
+    throw ConfigError(what + ": '" + text + "' is not a number of seconds");
+  if (value < 0) throw ConfigError(what + ": '" + text + "' is negative; give seconds >= 0");
+  return value;
+}
+
+}  // namespace cohort::util

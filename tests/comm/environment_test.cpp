@@ -1,0 +1,126 @@
+#include <gtest/gtest.h>
+
+#include "cohort/comm/environment.h"
+#include "cohort/comm/slurm.h"
+#include "cohort/errors.h"
+
+namespace {
+using namespace cohort::comm;
+
+TEST(Environment, NothingSetIsAWorldOfOneWithoutNetwork) {
+  auto w = world_info_from({{"PATH", "/bin"}});
+  EXPECT_EQ(w.source, WorldSource::kSingle);
+  EXPECT_EQ(w.rank, 0);
+  EXPECT_EQ(w.world_size, 1);
+  EXPECT_TRUE(w.master_addr.empty());
+}
+
+TEST(Environment, Torchrun) {
+  auto w = world_info_from({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+                            {"GROUP_RANK", "1"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
+                            {"TORCHELASTIC_RUN_ID", "j"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                            {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  EXPECT_EQ(w.source, WorldSource::kTorchrun);
+  EXPECT_EQ(w.rank, 5);
+  EXPECT_EQ(w.world_size, 8);
+  EXPECT_EQ(w.local_rank, 1);
+  EXPECT_EQ(w.local_world_size, 4);
+  EXPECT_EQ(w.node_rank, 1);
+  EXPECT_EQ(w.num_nodes, 2);
+  EXPECT_EQ(w.master_addr, "node0");
+  EXPECT_EQ(w.master_port, 29500);
+  EXPECT_TRUE(w.use_agent_store);
+  EXPECT_EQ(w.restart_count, 2);
+  EXPECT_EQ(w.run_id, "j");
+  EXPECT_FALSE(w.single_node());
+}
+
+TEST(Environment, HandWrittenRankAndWorldSizeAssumeOneNode) {
+  auto w = world_info_from({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(w.local_rank, 1);
+  EXPECT_EQ(w.local_world_size, 2);
+  EXPECT_FALSE(w.use_agent_store);
+}
+
+TEST(Environment, Slurm) {
+  auto w = world_info_from({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
+                            {"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "2(x2)"},
+                            {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_ID", "1234"}});
+  EXPECT_EQ(w.source, WorldSource::kSlurm);
+  EXPECT_EQ(w.rank, 3);
+  EXPECT_EQ(w.world_size, 4);
+  EXPECT_EQ(w.local_rank, 1);
+  EXPECT_EQ(w.local_world_size, 2);
+  EXPECT_EQ(w.node_rank, 1);
+  EXPECT_EQ(w.num_nodes, 2);
+  EXPECT_EQ(w.master_addr, "gpu07");
+  EXPECT_GE(w.master_port, 15000);
+  // Every task of the step derives the same port.
+  auto w0 = world_info_from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "0"},
+                             {"SLURM_TASKS_PER_NODE", "2(x2)"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+                             {"SLURM_JOB_ID", "1234"}});
+  EXPECT_EQ(w0.master_port, w.master_port);
+}
+
+TEST(Environment, TorchrunVariablesWinOverSlurm) {
+  auto w = world_info_from({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  EXPECT_EQ(w.source, WorldSource::kTorchrun);
+}
+
+TEST(Environment, OpenMpi) {
+  auto w = world_info_from({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                            {"MASTER_ADDR", "h0"}, {"MASTER_PORT", "4000"}});
+  EXPECT_EQ(w.source, WorldSource::kOpenMpi);
+  EXPECT_EQ(w.rank, 2);
+  EXPECT_EQ(w.node_rank, 1);
+  EXPECT_EQ(w.num_nodes, 2);
+  EXPECT_EQ(w.master_addr, "h0");
+  auto local = world_info_from({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                {"OMPI_MCA_ess_base_jobid", "777"}});
+  EXPECT_EQ(local.master_addr, "127.0.0.1");
+  EXPECT_GE(local.master_port, 15000);
+}
+
+void expect_config_error(const EnvMap& env, const std::string& mention) {
+  try {
+    world_info_from(env);
+    ADD_FAILURE() << "accepted";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
+  }
+}
+
+TEST(Environment, BadVariablesAreNamed) {
+  expect_config_error({{"RANK", "0"}}, "WORLD_SIZE");
+  expect_config_error({{"RANK", "x"}, {"WORLD_SIZE", "2"}}, "RANK");
+  expect_config_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}, "rank 2");
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}}, "MASTER_ADDR");
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}, "MASTER_PORT");
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}},
+                      "99999");
+  expect_config_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+                      "MASTER_ADDR");
+}
+
+TEST(Slurm, Hostlists) {
+  using cohort::comm::slurm::expand_hostlist;
+  EXPECT_EQ(expand_hostlist("a"), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(expand_hostlist("n[01-03,07],gpu-a"),
+            (std::vector<std::string>{"n01", "n02", "n03", "n07", "gpu-a"}));
+  EXPECT_EQ(expand_hostlist("r[1-2]-n[8-9]"), (std::vector<std::string>{"r1-n8", "r1-n9", "r2-n8", "r2-n9"}));
+  EXPECT_EQ(expand_hostlist("x[9-11]"), (std::vector<std::string>{"x9", "x10", "x11"}));
+  EXPECT_THROW(expand_hostlist("n[1-2"), cohort::ConfigError);
+  EXPECT_THROW(expand_hostlist("n[5-2]"), cohort::ConfigError);
+}
+
+TEST(Slurm, TasksPerNode) {
+  using cohort::comm::slurm::expand_tasks_per_node;
+  EXPECT_EQ(expand_tasks_per_node("2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(expand_tasks_per_node("4"), (std::vector<int>{4}));
+  EXPECT_THROW(expand_tasks_per_node("2(x"), cohort::ConfigError);
+}
+
+}  // namespace

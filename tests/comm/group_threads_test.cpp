@@ -1,0 +1,157 @@
+// Ranks as threads over one in-memory store: exact collectives, sub-groups, and the
+// diagnosis a timeout gives. Fast enough to run many world sizes.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <future>
+#include <thread>
+
+#include "cohort/comm/world.h"
+#include "cohort/errors.h"
+
+namespace {
+using cohort::comm::InitOptions;
+using cohort::comm::World;
+using namespace std::chrono_literals;
+
+// Runs body(rank) on `n` threads that share a HashStore; rethrows the first error.
+template <typename Body>
+void run_ranks(int n, InitOptions options, Body body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<void>> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.push_back(std::async(std::launch::async, [=] {
+      auto world = World::init_with_store(store, r, n, options);
+      body(world);
+    }));
+  for (auto& f : ranks) f.get();
+}
+
+InitOptions quick() { return InitOptions().backend("gloo").timeout(20s).join_timeout(20s); }
+
+class ThreadWorlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(ThreadWorlds, AllReduceBroadcastGatherScatterAreExact) {
+  const int n = GetParam();
+  run_ranks(n, quick(), [n](World& world) {
+    auto& g = world.group();
+    const int r = g.rank();
+    auto t = torch::full({3}, static_cast<float>(r + 1));
+    g.all_reduce(t);
+    EXPECT_TRUE(torch::equal(t, torch::full({3}, n * (n + 1) / 2.0f)));
+    auto b = r == 0 ? torch::tensor({1, 2, 3}, torch::kInt64) : torch::zeros({3}, torch::kInt64);
+    g.broadcast(b, 0);
+    EXPECT_TRUE(torch::equal(b, torch::tensor({1, 2, 3}, torch::kInt64)));
+    auto parts = g.all_gather(torch::full({2}, static_cast<double>(r), torch::kFloat64));
+    ASSERT_EQ(static_cast<int>(parts.size()), n);
+    for (int i = 0; i < n; ++i) EXPECT_EQ(parts[i][1].item<double>(), i);
+    auto mine = g.reduce_scatter(torch::ones({n * 2}));
+    EXPECT_TRUE(torch::equal(mine, torch::full({2}, static_cast<float>(n))));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ThreadWorlds, ::testing::Values(1, 2, 3, 4));
+
+TEST(ThreadWorld, SubGroupsAreIndependent) {
+  run_ranks(4, quick(), [](World& world) {
+    auto low = world.new_group({0, 1});
+    auto high = world.new_group({3, 2});  // group rank follows the order given
+    auto& mine = world.rank() < 2 ? low : high;
+    EXPECT_FALSE((world.rank() < 2 ? high : low).is_member());
+    auto t = torch::full({1}, static_cast<double>(world.rank()));
+    mine.all_reduce(t);
+    EXPECT_EQ(t.item<double>(), world.rank() < 2 ? 1.0 : 5.0);
+    if (world.rank() == 3) EXPECT_EQ(high.rank(), 0);
+  });
+}
+
+TEST(ThreadWorld, NonMemberUseIsAClearError) {
+  run_ranks(2, quick(), [](World& world) {
+    auto g = world.new_group({0});
+    if (world.rank() == 1) {
+      auto t = torch::ones({1});
+      EXPECT_THROW(g.all_reduce(t), cohort::ConfigError);
+    }
+  });
+}
+
+TEST(ThreadWorld, BadArgumentsAreNamed) {
+  run_ranks(2, quick(), [](World& world) {
+    auto& g = world.group();
+    auto t = torch::ones({4, 4}).t();
+    EXPECT_THROW(g.all_reduce(t), cohort::ConfigError);  // not contiguous
+    auto i = torch::ones({2}, torch::kInt64);
+    EXPECT_THROW(g.all_reduce(i, cohort::comm::ReduceOp::kAvg), cohort::ConfigError);
+    auto odd = torch::ones({3});
+    EXPECT_THROW(g.reduce_scatter(odd), cohort::ConfigError);
+    EXPECT_THROW(g.send(torch::ones({1}), g.rank()), cohort::ConfigError);
+    EXPECT_THROW(world.new_group({0, 0}), cohort::ConfigError);
+  });
+}
+
+TEST(ThreadWorld, TimeoutNamesTheRankThatDidNotArrive) {
+  auto options = quick().timeout(1500ms).heartbeat_interval(100ms);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::vector<std::future<std::string>> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.push_back(std::async(std::launch::async, [=]() -> std::string {
+      auto world = World::init_with_store(store, r, 3, options);
+      world.group().barrier();
+      if (r == 2) {
+        released.wait();  // rank 2 never enters the all_reduce
+        return "";
+      }
+      auto t = torch::ones({1});
+      try {
+        world.group().all_reduce(t);
+      } catch (const cohort::TimeoutError& e) {
+        EXPECT_EQ(e.missing_ranks(), std::vector<int>{2});
+        EXPECT_EQ(e.operation(), "all_reduce");
+        return e.what();
+      }
+      return "no timeout";
+    }));
+  auto m0 = ranks[0].get();
+  auto m1 = ranks[1].get();
+  release.set_value();
+  ranks[2].get();
+  for (const auto& m : {m0, m1}) {
+    EXPECT_NE(m.find("timed out after 1.5 s in all_reduce #2"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 2 (alive, but still at barrier #1)"), std::string::npos) << m;
+  }
+}
+
+TEST(ThreadWorld, JoinTimeoutNamesMissingRanks) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  try {
+    World::init_with_store(store, 0, 3, quick().join_timeout(500ms));
+    ADD_FAILURE() << "joined a world whose other ranks never came";
+  } catch (const cohort::TimeoutError& e) {
+    EXPECT_EQ(e.missing_ranks(), (std::vector<int>{1, 2}));
+    EXPECT_NE(std::string(e.what()).find("missing: ranks 1, 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SingleProcess, WorldOfOneNeedsNoNetwork) {
+  auto world = World::init(cohort::comm::WorldInfo{}, quick());
+  EXPECT_EQ(world.size(), 1);
+  auto t = torch::full({2}, 3.0);
+  world.group().all_reduce(t);
+  EXPECT_TRUE(torch::equal(t, torch::full({2}, 3.0)));
+  EXPECT_EQ(world.device(), c10::Device(c10::kCPU));
+}
+
+TEST(InitOptions, FromEnvironment) {
+  auto o = InitOptions::from_env({{"COHORT_TIMEOUT", "2.5"}, {"COHORT_BACKEND", "gloo"}, {"GLOO_SOCKET_IFNAME", "lo"}});
+  EXPECT_EQ(o.timeout(), 2500ms);
+  EXPECT_EQ(o.backend(), "gloo");
+  EXPECT_EQ(o.network_interface(), "lo");
+  EXPECT_THROW(InitOptions::from_env({{"COHORT_TIMEOUT", "-1"}}), cohort::ConfigError);
+  EXPECT_THROW(cohort::comm::World::init(cohort::comm::WorldInfo{}, InitOptions().backend("mpi")),
+               cohort::ConfigError);
+}
+
+}  // namespace

@@ -1,0 +1,65 @@
+// The `cohort` command: `cohort run` (the launcher) and `cohort info`.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/environment.h"
+#include "cohort/launcher/agent.h"
+#include "cohort/launcher/cli.h"
+#include "info_command.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: cohort <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  run    start a program as a group of training workers (torchrun-compatible);\n"
+    "         see `cohort run --help`\n"
+    "  info   print the LibTorch version, the backends compiled in and the devices seen\n"
+    "         (--json for a machine-readable line)\n"
+    "  --version\n";
+
+int run_command(const std::vector<std::string>& args) {
+  auto options = cohort::launcher::parse_run_command(args, std::cout);
+  if (!options) return 0;  // --help
+  return cohort::launcher::run_agent(*options, cohort::comm::process_environment(),
+                                     cohort::launcher::detect_resources());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    std::cout << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  try {
+    if (command == "run") return run_command(args);
+    if (command == "info") {
+      bool json = !args.empty() && args[0] == "--json";
+      if (args.size() > (json ? 1u : 0u)) {
+        std::cerr << "cohort info: unexpected argument '" << args.back() << "'; usage: cohort info [--json]\n";
+        return 2;
+      }
+      return cohort::tools::info_command(json, std::cout);
+    }
+    if (command == "--version") {
+      std::cout << "cohort " << COHORT_VERSION << "\n";
+      return 0;
+    }
+    std::cerr << "cohort: unknown command '" << command << "'\n" << kUsage;
+    return 2;
+  } catch (const cohort::launcher::UsageError& e) {
+    std::cerr << "cohort " << command << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "cohort " << command << ": " << e.what() << "\n";
+    return 1;
+  }
+}
