@@ -7,7 +7,9 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "cohort/comm/world.h"
@@ -15,7 +17,53 @@
 namespace {
 using cohort::comm::World;
 
-// Rank 0 runs in the benchmark thread; the peer mirrors every call on its own thread.
+// Rank 0 runs in the benchmark thread; rank 1 mirrors every call on its own thread.
+// Google Benchmark fixes the iteration count before the timed loop, so the peer is
+// told how many calls to make and both sides stay in lockstep.
+class Peer {
+ public:
+  template <typename Op>
+  Peer(World world, int64_t numel, Op op) : thread_([this, world, numel, op]() mutable {
+      auto t = torch::ones({numel});
+      while (true) {
+        int64_t n;
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return pending_ != 0; });
+          n = pending_;
+        }
+        if (n < 0) return;
+        for (int64_t i = 0; i < n; ++i) op(world, t);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          pending_ = 0;
+        }
+        cv_.notify_all();
+      }
+    }) {}
+  ~Peer() {
+    order(-1);
+    thread_.join();
+  }
+  void order(int64_t calls) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_ = calls;
+    }
+    cv_.notify_all();
+  }
+  void wait_done() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t pending_ = 0;
+  std::thread thread_;
+};
+
 template <typename Op>
 void two_ranks(benchmark::State& state, Op op) {
   const int64_t numel = state.range(0);
@@ -23,36 +71,15 @@ void two_ranks(benchmark::State& state, Op op) {
   auto options = cohort::comm::InitOptions().backend("gloo");
   auto peer_world = std::async(std::launch::async, [&] { return World::init_with_store(store, 1, 2, options); });
   auto world = World::init_with_store(store, 0, 2, options);
-  auto peer = peer_world.get();
-  auto iterations = std::make_shared<std::atomic<int64_t>>(-1);
-  std::thread mirror([&, iterations] {
-    auto t = torch::ones({numel});
-    while (true) {
-      auto n = iterations->load();
-      if (n == -2) break;
-      if (n < 0) continue;
-      for (int64_t i = 0; i < n; ++i) op(peer, t);
-      iterations->store(-1);
-    }
-  });
+  Peer peer(peer_world.get(), numel, op);
   auto t = torch::ones({numel});
-  for (int i = 0; i < 3; ++i) {  // warm-up
-    iterations->store(1);
-    op(world, t);
-    while (iterations->load() != -1) {
-    }
-  }
-  int64_t count = 0;
-  iterations->store(static_cast<int64_t>(state.max_iterations));
-  for (auto _ : state) {
-    op(world, t);
-    ++count;
-  }
-  while (iterations->load() != -1) {
-  }
-  iterations->store(-2);
-  mirror.join();
-  state.SetBytesProcessed(count * numel * static_cast<int64_t>(sizeof(float)));
+  peer.order(3);  // warm-up
+  for (int i = 0; i < 3; ++i) op(world, t);
+  peer.wait_done();
+  peer.order(static_cast<int64_t>(state.max_iterations));
+  for (auto _ : state) op(world, t);
+  peer.wait_done();
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * numel * static_cast<int64_t>(sizeof(float)));
 }
 
 void BM_CohortAllReduce(benchmark::State& state) {

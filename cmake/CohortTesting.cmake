@@ -8,7 +8,7 @@ function(cohort_add_test)
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE cohort::cohort cohort_test_support GTest::gtest_main ${T_LIBS})
   if(COHORT_USE_PCH)
-    target_precompile_headers(${T_NAME} REUSE_FROM cohort_test_support)
+    target_precompile_headers(${T_NAME} REUSE_FROM cohort_test_pch)
   endif()
   gtest_discover_tests(${T_NAME}
     PROPERTIES LABELS "${T_LABELS}" TIMEOUT 300

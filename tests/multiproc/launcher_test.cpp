@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -109,6 +111,25 @@ TEST(Launcher, LocalRanksFilterShowsOnlyChosenRanks) {
   EXPECT_EQ(count(r.out, "[rank2]: "), 0);
 }
 
+TEST(Launcher, RedirectsAndTeeWriteLogFiles) {
+  char tmpl[] = "/tmp/cohort-logs-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  auto r = cohort::testing::run_process(
+      cohort_run(2, {"chatter"}, {"--log-dir", dir, "--redirects", "0:1", "--tee", "1:1"}), 60s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(count(r.out, "[rank0]: "), 0) << "rank 0's stdout was redirected";
+  EXPECT_EQ(count(r.out, "[rank1]: "), 200) << "rank 1's stdout was teed";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("worker logs and error files in (\\S+)"))) << describe(r);
+  for (int local : {0, 1}) {
+    std::ifstream log(std::string(m[1]) + "/attempt_0/" + std::to_string(local) + "/stdout.log");
+    std::stringstream text;
+    text << log.rdbuf();
+    EXPECT_EQ(count(text.str(), "from rank " + std::to_string(local) + " end\n"), 200) << "local rank " << local;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Launcher, WorkerThatThrowsIsNamedWithItsMessage) {
   auto r = cohort::testing::run_process(cohort_run(3, {"throw", "1"}), 60s);
   EXPECT_EQ(r.exit_code, 1) << describe(r);
@@ -164,11 +185,17 @@ bool all_gone(const std::vector<pid_t>& pids, std::chrono::milliseconds within) 
   return false;
 }
 
+// Starts `n` sleeping workers and returns their pids once all have said so.
+std::vector<pid_t> start_sleepers(Subprocess& launcher, size_t n) {
+  bool ready = launcher.read_until([n](const std::string& out) { return ready_pids(out).size() == n; }, 60s);
+  EXPECT_TRUE(ready) << launcher.out();
+  return ready_pids(launcher.out());
+}
+
 TEST(Launcher, SigtermToLauncherStopsEveryWorker) {
   Subprocess launcher(cohort_run(3, {"sleep"}));
-  ASSERT_TRUE(launcher.read_until([](const std::string& out) { return ready_pids(out).size() == 3; }, 60s))
-      << launcher.out();
-  auto pids = ready_pids(launcher.out());
+  auto pids = start_sleepers(launcher, 3);
+  ASSERT_EQ(pids.size(), 3u);
   kill(launcher.pid(), SIGTERM);
   auto r = launcher.finish(30s);
   EXPECT_FALSE(r.timed_out) << describe(r);
@@ -178,9 +205,8 @@ TEST(Launcher, SigtermToLauncherStopsEveryWorker) {
 
 TEST(Launcher, KillingTheLauncherTakesItsWorkersWithIt) {
   Subprocess launcher(cohort_run(2, {"sleep"}));
-  ASSERT_TRUE(launcher.read_until([](const std::string& out) { return ready_pids(out).size() == 2; }, 60s))
-      << launcher.out();
-  auto pids = ready_pids(launcher.out());
+  auto pids = start_sleepers(launcher, 2);
+  ASSERT_EQ(pids.size(), 2u);
   kill(launcher.pid(), SIGKILL);
   launcher.finish(10s);
   EXPECT_TRUE(all_gone(pids, 5s)) << "orphaned workers survived the launcher";

@@ -27,11 +27,11 @@ std::vector<std::string> available_backends() {
   return out;
 }
 
-std::string resolve_backend(const std::string& requested) {
+std::string resolve_backend(const std::string& requested, int local_world_size) {
   auto have = available_backends();
   if (requested == "auto") {
     bool nccl = std::find(have.begin(), have.end(), "nccl") != have.end();
-    return nccl && torch::cuda::is_available() ? "nccl" : "gloo";
+    return nccl && static_cast<int>(torch::cuda::device_count()) >= local_world_size ? "nccl" : "gloo";
   }
   if (std::find(have.begin(), have.end(), requested) == have.end())
     throw ConfigError(fmt::format("cohort: backend '{}' is not available in this build (available: {}); "

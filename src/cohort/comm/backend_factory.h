@@ -9,9 +9,10 @@
 
 namespace cohort::comm {
 
-// "gloo", "nccl" or "mpi" from InitOptions::backend() ("auto" resolved). Throws
-// ConfigError for a backend this build lacks.
-std::string resolve_backend(const std::string& requested);
+// "gloo" or "nccl" from InitOptions::backend(). "auto" is NCCL when this build has
+// it and every local rank gets a GPU of its own (NCCL refuses two ranks on one GPU),
+// Gloo otherwise. Throws ConfigError for a backend this build lacks.
+std::string resolve_backend(const std::string& requested, int local_world_size);
 
 // Backends compiled into this build of cohort, e.g. {"gloo"} or {"gloo","nccl"}.
 std::vector<std::string> available_backends();

@@ -91,7 +91,7 @@ World World::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, in
 
 World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store, InitOptions options) {
   auto state = std::make_shared<State>();
-  state->backend = resolve_backend(options.backend());
+  state->backend = resolve_backend(options.backend(), info.local_world_size);
   state->device = pick_device(state->backend, info);
   state->info = std::move(info);
   state->options = std::move(options);

@@ -1,0 +1,47 @@
+# `make run` and `make test` work on a fresh Debian 12 machine: each installs what is
+# missing (scripts/install-deps), configures, builds, then runs.
+BUILD       ?= build
+BUILD_TYPE  ?= RelWithDebInfo
+JOBS        ?= $(shell nproc)
+CMAKE_FLAGS ?=
+NPROC       ?= 4
+COHORT       = $(BUILD)/tools/cohort/cohort
+
+export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
+
+.PHONY: all deps configure build run test test-torch2 bench install clean
+
+all: build
+
+deps:
+	scripts/install-deps
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+
+configure: deps $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Until the Fashion-MNIST trainer lands, the main job is the all-reduce demo.
+run: build
+	$(COHORT) run --nproc-per-node $(NPROC) $(BUILD)/examples/hello_allreduce
+
+test: build
+	scripts/run-tests $(BUILD)
+
+# The same suite against LibTorch 2.6, in a Debian 13 chroot made by
+# scripts/torch2-chroot (about 1 minute the first time, reused after).
+test-torch2:
+	scripts/torch2-chroot 'cmake -S . -B build-torch2 -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) && \
+	  cmake --build build-torch2 -j $(JOBS) && scripts/run-tests build-torch2'
+
+bench: build
+	$(BUILD)/benchmarks/collectives_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+
+install: build
+	cmake --install $(BUILD)
+
+clean:
+	rm -rf $(BUILD) build-torch2

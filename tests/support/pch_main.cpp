@@ -1,0 +1,1 @@
+int main() { return 0; }  // only carries the tests' precompiled header
