@@ -81,6 +81,12 @@ TEST(Environment, OpenMpi) {
                                 {"OMPI_MCA_ess_base_jobid", "777"}});
   EXPECT_EQ(local.master_addr, "127.0.0.1");
   EXPECT_GE(local.master_port, 15000);
+  // Open MPI 5 (PRRTE) names the job in PMIX_NAMESPACE instead.
+  auto prrte = world_info_from({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                {"PMIX_NAMESPACE", "prterun-vm-4006@1"}});
+  EXPECT_EQ(prrte.run_id, "prterun-vm-4006@1");
+  EXPECT_GE(prrte.master_port, 15000);
 }
 
 void expect_config_error(const EnvMap& env, const std::string& mention) {

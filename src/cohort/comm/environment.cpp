@@ -134,7 +134,9 @@ WorldInfo from_openmpi(const EnvMap& env) {
   // Open MPI numbers ranks by slot, node after node, when mapping by slot (its default).
   w.node_rank = w.rank / w.local_world_size;
   w.num_nodes = (w.world_size + w.local_world_size - 1) / w.local_world_size;
-  w.run_id = lookup(env, "OMPI_MCA_ess_base_jobid").value_or("");
+  // Open MPI 4 names the job in OMPI_MCA_ess_base_jobid; Open MPI 5 (PRRTE) in
+  // PMIX_NAMESPACE.
+  w.run_id = lookup(env, "OMPI_MCA_ess_base_jobid").value_or(lookup(env, "PMIX_NAMESPACE").value_or(""));
   if (w.world_size > 1) {
     auto addr = lookup(env, "MASTER_ADDR");
     if (!addr && !w.single_node())

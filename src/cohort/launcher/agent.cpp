@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -17,18 +16,18 @@
 
 #include "cohort/elastic/error_file.h"
 #include "cohort/launcher/failure.h"
-#include "cohort/launcher/output_router.h"
 #include "cohort/launcher/static_rendezvous.h"
-#include "cohort/launcher/worker_process.h"
+#include "cohort/launcher/worker_group.h"
 
 namespace cohort::launcher {
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Signals reach the agent through a self-pipe, so the poll loop sees them in order
-// with worker output and exits (Note [No orphans] covers the workers' side).
+// Signals reach the agent through a self-pipe, so the worker group's poll loop sees
+// them in order with worker output and exits (Note [No orphans] covers the workers'
+// side). A signal handler can reach nothing but a global, so this one pipe is the
+// process's only global state; everything else receives its read end.
 int g_signal_pipe[2] = {-1, -1};
 
 void on_signal(int sig) {
@@ -60,207 +59,6 @@ std::string random_id() {
   std::random_device rd;
   return fmt::format("{:08x}", rd());
 }
-
-int open_log(const fs::path& path) {
-  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-}
-
-struct Worker {
-  WorkerProcess process;
-  WorkerOutcome outcome;
-  bool exited = false;
-};
-
-struct AttemptResult {
-  bool success = false;
-  int received_signal = 0;
-  std::vector<WorkerOutcome> in_exit_order;
-};
-
-class Attempt {
- public:
-  Attempt(const RunOptions& options, const comm::EnvMap& env, const std::string& program, const Assignment& assignment,
-          int nproc, const AttemptContext& context, const fs::path& dir)
-      : options_(options), stop_after_(std::chrono::duration<double>(options.stop_timeout)) {
-    try {
-      spawn_all(env, program, assignment, nproc, context, dir);
-    } catch (...) {
-      kill_and_reap_all();  // a half-started job leaves nothing behind
-      throw;
-    }
-  }
-
-  ~Attempt() { kill_and_reap_all(); }
-  Attempt(const Attempt&) = delete;
-  Attempt& operator=(const Attempt&) = delete;
-
- private:
-  void spawn_all(const comm::EnvMap& env, const std::string& program, const Assignment& assignment, int nproc,
-                 const AttemptContext& context, const fs::path& dir) {
-    const RunOptions& options = options_;
-    for (int local = 0; local < nproc; ++local) {
-      WorkerSlot slot{local, assignment.base_rank + local, nproc, assignment.world_size, assignment.group_rank,
-                      assignment.group_world_size};
-      auto worker_dir = dir / std::to_string(local);
-      fs::create_directories(worker_dir);
-      auto error_file = (worker_dir / "error.json").string();
-      fs::remove(error_file);
-      auto proc = WorkerProcess::spawn({program, options.program_args,
-                                        worker_environment(env, options, slot, context, error_file)});
-      Worker w{proc, {}, false};
-      w.outcome.slot = slot;
-      w.outcome.pid = proc.pid();
-      w.outcome.error_file = error_file;
-      workers_.push_back(w);
-      route(proc.stdout_fd(), STDOUT_FILENO, options.redirects.stdout_for(local), options.tee.stdout_for(local),
-            worker_dir / "stdout.log", slot);
-      route(proc.stderr_fd(), STDERR_FILENO, options.redirects.stderr_for(local), options.tee.stderr_for(local),
-            worker_dir / "stderr.log", slot);
-    }
-  }
-
-  void kill_and_reap_all() {
-    for (auto& w : workers_) {
-      if (w.exited) continue;
-      w.process.signal_group(SIGKILL);
-      waitpid(w.outcome.pid, nullptr, 0);
-      w.exited = true;
-    }
-  }
-
- public:
-  AttemptResult monitor() {
-    AttemptResult result;
-    auto pipes_deadline = Clock::time_point::max();
-    while (true) {
-      bool all_exited = running() == 0;
-      if (all_exited && router_.open_fds().empty()) break;
-      auto now = Clock::now();
-      if (all_exited && pipes_deadline == Clock::time_point::max())
-        pipes_deadline = now + std::chrono::seconds(1);  // a grandchild may hold a pipe open
-      if (now >= pipes_deadline) {
-        router_.close_all();
-        break;
-      }
-      if (stopping_ && now >= term_at_) send_stop();
-      if (stopping_ && now >= kill_at_) kill_remaining();
-      std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
-      for (int fd : router_.open_fds()) fds.push_back({fd, POLLIN, 0});
-      auto wake = std::min({stopping_ ? std::min(term_at_, kill_at_) : Clock::time_point::max(), pipes_deadline});
-      auto interval = std::chrono::duration<double>(options_.monitor_interval);
-      wake = std::min(wake, now + std::chrono::duration_cast<Clock::duration>(interval));
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count();
-      int n = poll(fds.data(), fds.size(), static_cast<int>(std::max<long>(ms, 1)));
-      if (n < 0 && errno != EINTR) throw Error(std::string("cohort run: poll: ") + std::strerror(errno));
-      for (auto& p : fds) {
-        if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        if (p.fd == g_signal_pipe[0])
-          drain_signals(result);
-        else
-          router_.pump(p.fd);
-      }
-      reap(result);  // also catches exits whose SIGCHLD coalesced with another
-    }
-    result.success = result.received_signal == 0;
-    for (const auto& o : result.in_exit_order) result.success = result.success && o.succeeded();
-    return result;
-  }
-
- private:
-  void route(int source, int console, bool redirected, bool teed, const fs::path& log, const WorkerSlot& slot) {
-    OutputRouter::Route r;
-    r.source_fd = source;
-    bool shown = !redirected && (!options_.local_ranks_filter || options_.local_ranks_filter->count(slot.local_rank));
-    r.console_fd = shown ? console : -1;
-    r.log_fd = (redirected || teed) ? open_log(log) : -1;
-    r.prefix = fmt::format("[rank{}]: ", slot.rank);
-    router_.add(r);
-  }
-
-  int running() const {
-    int n = 0;
-    for (const auto& w : workers_) n += !w.exited;
-    return n;
-  }
-
-  // Stops every running worker with `sig`. After a worker failure the others get a
-  // short settle window first, so that the worker at fault can finish writing its
-  // error file and exit on its own (Note [Root cause]); a signal to the launcher is
-  // forwarded at once.
-  void begin_stop(int sig, bool settle) {
-    if (stopping_) return;
-    stopping_ = true;
-    stop_signal_ = sig;
-    auto now = Clock::now();
-    term_at_ = settle ? now + std::min<Clock::duration>(kSettle, std::chrono::duration_cast<Clock::duration>(stop_after_))
-                      : now;
-    kill_at_ = term_at_ + std::chrono::duration_cast<Clock::duration>(stop_after_);
-    if (!settle) send_stop();
-  }
-
-  void send_stop() {
-    term_at_ = Clock::time_point::max();
-    for (auto& w : workers_) {
-      if (w.exited) continue;
-      w.outcome.stopped_by_launcher = true;
-      w.process.signal_group(stop_signal_);
-    }
-  }
-
-  void kill_remaining() {
-    for (auto& w : workers_)
-      if (!w.exited) w.process.signal_group(SIGKILL);
-    kill_at_ = Clock::time_point::max();
-  }
-
-  void drain_signals(AttemptResult& result) {
-    unsigned char sigs[64];
-    ssize_t n;
-    while ((n = read(g_signal_pipe[0], sigs, sizeof sigs)) > 0) {
-      for (ssize_t i = 0; i < n; ++i) {
-        int sig = sigs[i];
-        if (sig == SIGCHLD) continue;
-        if (result.received_signal) {
-          kill_remaining();  // a second signal: no more patience
-          continue;
-        }
-        result.received_signal = sig;
-        if (stopping_) {
-          stop_signal_ = sig;
-          send_stop();  // cut a settle window short
-        } else {
-          begin_stop(sig, false);  // forward the signal itself, as torchrun does
-        }
-      }
-    }
-  }
-
-  void reap(AttemptResult& result) {
-    for (auto& w : workers_) {
-      if (w.exited) continue;
-      int status = 0;
-      pid_t pid = waitpid(w.outcome.pid, &status, WNOHANG);
-      if (pid != w.outcome.pid) continue;
-      w.exited = true;
-      w.outcome.wait_status = status;
-      // Exiting 0 while being stopped is a clean stop, not a casualty.
-      if (w.outcome.succeeded()) w.outcome.stopped_by_launcher = false;
-      w.outcome.error = elastic::read_error_file(w.outcome.error_file);
-      result.in_exit_order.push_back(w.outcome);
-      if (!w.outcome.succeeded()) begin_stop(SIGTERM, true);
-    }
-  }
-
-  const RunOptions& options_;
-  std::chrono::duration<double> stop_after_;
-  std::vector<Worker> workers_;
-  OutputRouter router_;
-  static constexpr auto kSettle = std::chrono::milliseconds(500);
-  bool stopping_ = false;
-  int stop_signal_ = SIGTERM;
-  Clock::time_point term_at_ = Clock::time_point::max();
-  Clock::time_point kill_at_ = Clock::time_point::max();
-};
 
 }  // namespace
 
@@ -307,7 +105,8 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   int exit_code = 1;
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
-    Attempt running(options, env, program, assignment, nproc, context, base / ("attempt_" + std::to_string(attempt)));
+    WorkerGroup running(options, env, program, assignment, nproc, context,
+                        base / ("attempt_" + std::to_string(attempt)), g_signal_pipe[0]);
     auto result = running.monitor();
     if (result.success) {
       exit_code = 0;

@@ -1,0 +1,74 @@
+#pragma once
+// One attempt of this node's workers: spawn them, carry their output, watch them,
+// and stop them all when one fails or the launcher is signalled. The static agent
+// runs one per restart; the elastic agent will run one per rendezvous round.
+//
+// Every wait is bounded. After a worker failure the others get a settle window
+// (Note [Root cause]), then SIGTERM, then SIGKILL after --stop-timeout.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/environment.h"
+#include "cohort/launcher/failure.h"
+#include "cohort/launcher/output_router.h"
+#include "cohort/launcher/run_options.h"
+#include "cohort/launcher/static_rendezvous.h"
+#include "cohort/launcher/worker_env.h"
+#include "cohort/launcher/worker_process.h"
+
+namespace cohort::launcher {
+
+struct AttemptResult {
+  bool success = false;
+  int received_signal = 0;  // a signal the launcher received, forwarded to the workers
+  std::vector<WorkerOutcome> in_exit_order;
+};
+
+class WorkerGroup {
+ public:
+  // Spawns `nproc` workers of `program`; each gets a folder under `dir` for its error
+  // file and logs. `signal_fd` is the read end of the launcher's signal self-pipe
+  // (one byte per signal). If spawning fails midway, the started workers are killed.
+  WorkerGroup(const RunOptions& options, const comm::EnvMap& env, const std::string& program,
+              const Assignment& assignment, int nproc, const AttemptContext& context,
+              const std::filesystem::path& dir, int signal_fd);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Runs until every worker has exited and its output is drained.
+  AttemptResult monitor();
+
+ private:
+  struct Worker {
+    WorkerProcess process;
+    WorkerOutcome outcome;
+    bool exited = false;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  void spawn_all(const comm::EnvMap& env, const std::string& program, const Assignment& assignment, int nproc,
+                 const AttemptContext& context, const std::filesystem::path& dir);
+  void route(int source, int console, bool redirected, bool teed, const std::filesystem::path& log,
+             const WorkerSlot& slot);
+  int running() const;
+  void begin_stop(int sig, bool settle);
+  void send_stop();
+  void kill_remaining();
+  void kill_and_reap_all();
+  void drain_signals(AttemptResult& result);
+  void reap(AttemptResult& result);
+
+  const RunOptions& options_;
+  int signal_fd_;
+  std::chrono::duration<double> stop_after_;
+  std::vector<Worker> workers_;
+  OutputRouter router_;
+  bool stopping_ = false;
+  int stop_signal_ = 15;
+  Clock::time_point term_at_ = Clock::time_point::max();
+  Clock::time_point kill_at_ = Clock::time_point::max();
+};
+
+}  // namespace cohort::launcher
