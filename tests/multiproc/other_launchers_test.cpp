@@ -1,5 +1,6 @@
-// The same worker binary under a launcher that is not cohort's: Open MPI's mpirun
-// sets only OMPI_COMM_WORLD_*, and the world must still form.
+// cohort beside other launchers and programs: the worker binary under Open MPI's
+// mpirun (only OMPI_COMM_WORLD_* set) and alone; and a stock PyTorch program, which
+// knows only torchrun's contract, under `cohort run`.
 #include <gtest/gtest.h>
 
 #include "support/subprocess.h"
@@ -14,6 +15,18 @@ TEST(OtherLaunchers, MpirunFormsTheWorld) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int rank = 0; rank < 3; ++rank)
     EXPECT_NE(r.out.find("collectives ok rank " + std::to_string(rank) + " world 3 sum 3"), std::string::npos) << r.out;
+}
+
+TEST(OtherPrograms, StockPyTorchRunsUnderCohortRun) {
+  auto r = cohort::testing::run_process({COHORT_CLI_PATH, "run", "--nproc-per-node", "3", COHORT_PYTHON_PATH,
+                                         COHORT_TORCH_PEER_PATH},
+                                        120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(r.out.find("[rank" + std::to_string(rank) + "]: torch.distributed rank " + std::to_string(rank) +
+                         " of 3: 6"),
+              std::string::npos)
+        << r.out << r.err;
 }
 
 TEST(OtherLaunchers, PlainRunIsAWorldOfOne) {

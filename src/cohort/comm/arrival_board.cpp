@@ -8,7 +8,7 @@
 namespace cohort::comm {
 namespace {
 
-constexpr auto kMinGap = std::chrono::milliseconds(50);
+constexpr auto kTick = std::chrono::milliseconds(50);
 
 std::int64_t unix_ms() {
   using namespace std::chrono;
@@ -44,23 +44,14 @@ std::string ArrivalBoard::key(int position) const {
 }
 
 std::int64_t ArrivalBoard::enter(const char* op) {
-  std::int64_t seq;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    seq = ++seq_;
-    op_ = op;
-  }
-  cv_.notify_all();
-  return seq;
+  op_.store(op, std::memory_order_relaxed);
+  return seq_.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 void ArrivalBoard::publish_now() {
-  std::string value;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    published_seq_ = seq_.load();
-    value = std::to_string(published_seq_) + " " + std::to_string(unix_ms()) + " " + op_;
-  }
+  published_seq_ = seq_.load(std::memory_order_relaxed);
+  auto value = std::to_string(published_seq_) + " " + std::to_string(unix_ms()) + " " +
+               op_.load(std::memory_order_relaxed);
   try {
     store_->set(key(self_), bytes(value));
   } catch (const std::exception&) {
@@ -70,22 +61,15 @@ void ArrivalBoard::publish_now() {
 }
 
 void ArrivalBoard::publish_loop() {
-  std::unique_lock<std::mutex> lock(mu_);
   auto last = std::chrono::steady_clock::now();
-  while (!stop_) {
-    // Wake for a new collective or for the heartbeat, whichever is first.
-    cv_.wait_until(lock, last + interval_, [&] { return stop_ || seq_.load() != published_seq_; });
-    if (stop_) break;
-    auto earliest = last + kMinGap;
-    if (std::chrono::steady_clock::now() < earliest) {
-      // Coalesce a burst of collectives into one write.
-      cv_.wait_until(lock, earliest, [&] { return stop_; });
-      if (stop_) break;
-    }
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, kTick, [&] { return stop_; })) {
+    auto now = std::chrono::steady_clock::now();
+    if (seq_.load(std::memory_order_relaxed) == published_seq_ && now - last < interval_) continue;
     lock.unlock();
     publish_now();
     lock.lock();
-    last = std::chrono::steady_clock::now();
+    last = now;
   }
 }
 

@@ -3,16 +3,19 @@
 // A collective that times out is only useful if the error says *who* did not come.
 // Every rank therefore publishes, in the store, the sequence number and name of the
 // last collective it entered on each group, plus a heartbeat time. A background
-// thread does the writes, so a collective itself never waits on the store:
-//  * entering a collective bumps an atomic counter and wakes the thread, which
-//    publishes at most once per kMinGap (writes coalesce under a burst of ops);
-//  * the thread re-publishes every heartbeat interval even when nothing changed.
+// thread does the writes, so a collective itself never waits on the store or wakes
+// a thread:
+//  * entering a collective is two atomic stores (name, then counter);
+//  * the thread ticks every kTick (50 ms), publishes when the counter moved, and
+//    re-publishes every heartbeat interval even when nothing changed.
+// The name and counter are read separately, so under a burst a published name may
+// belong to a neighbouring collective; the counter is what the diagnosis relies on.
 // When rank r times out in collective #n, diagnose(n) reads every peer's entry:
 //  - seq >= n                      -> it arrived (not missing);
 //  - seq <  n, heartbeat is fresh  -> alive but has not called #n ("behind");
 //  - heartbeat older than 3 beats  -> dead or frozen ("silent");
 //  - no entry at all               -> never started or died before publishing.
-// Timeouts are seconds to minutes and kMinGap is 50 ms, so an arrived rank has
+// Timeouts are seconds to minutes and kTick is 50 ms, so an arrived rank has
 // always published before anyone can time out waiting for it. Heartbeat ages compare
 // clocks across hosts; they assume NTP-level agreement (seconds), not more.
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -47,7 +50,8 @@ class ArrivalBoard {
   ArrivalBoard(const ArrivalBoard&) = delete;
   ArrivalBoard& operator=(const ArrivalBoard&) = delete;
 
-  // Records that this rank entered a collective; returns its sequence number (1-based).
+  // Records that this rank entered a collective; returns its sequence number
+  // (1-based). `op` must be a string literal.
   std::int64_t enter(const char* op);
 
   // Reads every peer's entry. Never throws: an unreachable store gives kUnknown.
@@ -69,10 +73,10 @@ class ArrivalBoard {
   std::chrono::milliseconds interval_;
 
   std::atomic<std::int64_t> seq_{0};
-  mutable std::mutex mu_;
+  std::atomic<const char*> op_{"init"};  // string literals only
+  std::int64_t published_seq_ = -1;      // publisher thread only
+  std::mutex mu_;
   std::condition_variable cv_;
-  std::string op_ = "init";
-  std::int64_t published_seq_ = -1;
   bool stop_ = false;
   std::thread thread_;
 };
