@@ -40,6 +40,13 @@ TEST(Environment, HandWrittenRankAndWorldSizeAssumeOneNode) {
   EXPECT_EQ(w.local_rank, 1);
   EXPECT_EQ(w.local_world_size, 2);
   EXPECT_FALSE(w.use_agent_store);
+  // ... but a remote MASTER_ADDR may mean several hosts: no loopback-only transport.
+  EXPECT_FALSE(w.all_on_this_host());
+  auto local = world_info_from({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}});
+  EXPECT_TRUE(local.all_on_this_host());
+  auto told = world_info_from({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                               {"MASTER_PORT", "1"}});
+  EXPECT_TRUE(told.all_on_this_host());
 }
 
 TEST(Environment, Slurm) {
@@ -100,6 +107,16 @@ void expect_config_error(const EnvMap& env, const std::string& mention) {
 
 TEST(Environment, BadVariablesAreNamed) {
   expect_config_error({{"RANK", "0"}}, "WORLD_SIZE");
+  expect_config_error({{"WORLD_SIZE", "4"}}, "RANK is not set, but WORLD_SIZE is set");
+  // Zero sizes are errors, never a division by zero.
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "0"}, {"MASTER_ADDR", "h"},
+                       {"MASTER_PORT", "1"}},
+                      "local world size 0");
+  expect_config_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "0"}}, "SLURM_NNODES=0");
+  expect_config_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "0"}},
+                      "local world size 0");
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}, "out of range");
   expect_config_error({{"RANK", "x"}, {"WORLD_SIZE", "2"}}, "RANK");
   expect_config_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}, "rank 2");
   expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}}, "MASTER_ADDR");

@@ -91,13 +91,16 @@ TEST(ThreadWorld, BadArgumentsAreNamed) {
 }
 
 TEST(ThreadWorld, TimeoutNamesTheRankThatDidNotArrive) {
-  auto options = quick().timeout(1500ms).heartbeat_interval(100ms);
+  auto options = quick().timeout(3s).heartbeat_interval(500ms);
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::promise<void> release;
   auto released = release.get_future().share();
+  // Ranks 0 and 1 keep their worlds until both have their verdict: the first to
+  // tear down would otherwise close the other's connections mid-wait.
+  std::atomic<int> verdicts{0};
   std::vector<std::future<std::string>> ranks;
   for (int r = 0; r < 3; ++r)
-    ranks.push_back(std::async(std::launch::async, [=]() -> std::string {
+    ranks.push_back(std::async(std::launch::async, [=, &verdicts]() -> std::string {
       auto world = World::init_with_store(store, r, 3, options);
       world.group().barrier();
       if (r == 2) {
@@ -105,21 +108,26 @@ TEST(ThreadWorld, TimeoutNamesTheRankThatDidNotArrive) {
         return "";
       }
       auto t = torch::ones({1});
+      std::string verdict = "no timeout";
       try {
         world.group().all_reduce(t);
       } catch (const cohort::TimeoutError& e) {
         EXPECT_EQ(e.missing_ranks(), std::vector<int>{2});
         EXPECT_EQ(e.operation(), "all_reduce");
-        return e.what();
+        verdict = e.what();
+      } catch (const std::exception& e) {
+        verdict = std::string("other error: ") + e.what();
       }
-      return "no timeout";
+      ++verdicts;
+      while (verdicts.load() < 2) std::this_thread::yield();
+      return verdict;
     }));
   auto m0 = ranks[0].get();
   auto m1 = ranks[1].get();
   release.set_value();
   ranks[2].get();
   for (const auto& m : {m0, m1}) {
-    EXPECT_NE(m.find("timed out after 1.5 s in all_reduce #2"), std::string::npos) << m;
+    EXPECT_NE(m.find("timed out after 3.0 s in all_reduce #2"), std::string::npos) << m;
     EXPECT_NE(m.find("rank 2 (alive, but still at barrier #1)"), std::string::npos) << m;
   }
 }
@@ -150,6 +158,12 @@ TEST(InitOptions, FromEnvironment) {
   EXPECT_EQ(o.backend(), "gloo");
   EXPECT_EQ(o.network_interface(), "lo");
   EXPECT_THROW(InitOptions::from_env({{"COHORT_TIMEOUT", "-1"}}), cohort::ConfigError);
+  // c10d reads 0 ms as "no timeout": a zero or sub-millisecond timeout would be unbounded.
+  EXPECT_THROW(InitOptions::from_env({{"COHORT_TIMEOUT", "0"}}), cohort::ConfigError);
+  EXPECT_EQ(InitOptions::from_env({{"COHORT_TIMEOUT", "0.0001"}}).timeout(), 1ms);
+  EXPECT_THROW(InitOptions::from_env({{"COHORT_JOIN_TIMEOUT", "inf"}}), cohort::ConfigError);
+  EXPECT_THROW(InitOptions().timeout(0ms).validate(), cohort::ConfigError);
+  EXPECT_THROW(InitOptions().heartbeat_interval(10ms).validate(), cohort::ConfigError);
   EXPECT_THROW(cohort::comm::World::init(cohort::comm::WorldInfo{}, InitOptions().backend("mpi")),
                cohort::ConfigError);
 }

@@ -34,6 +34,12 @@ TEST(Cli, TorchrunSpellingsAndDoubleDash) {
   EXPECT_EQ(o.program_args, (std::vector<std::string>{"--nnodes", "9"}));
 }
 
+TEST(Cli, DoubleDashAllowsAProgramNamedLikeAFlag) {
+  auto o = parse({"--", "-odd-name", "x"});
+  EXPECT_EQ(o.program, "-odd-name");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"x"}));
+}
+
 TEST(Cli, StreamsAndFilter) {
   auto o = parse({"--redirects", "0:1,1:3", "--tee", "2", "--local-ranks-filter", "0,2", "prog"});
   EXPECT_TRUE(o.redirects.stdout_for(0));
@@ -78,6 +84,8 @@ TEST(Cli, BadInputNamesTheFlag) {
   expect_usage_error({"--master-port", "70000", "prog"}, "--master-port 70000");
   expect_usage_error({"--max-restarts", "-1", "prog"}, "--max-restarts -1");
   expect_usage_error({"--stop-timeout", "-1", "prog"}, "--stop-timeout");
+  expect_usage_error({"--join-timeout", "0", "prog"}, "--join-timeout");
+  expect_usage_error({"--stop-timeout", "inf", "prog"}, "--stop-timeout");
   expect_usage_error({"--tee", "1:9", "prog"}, "--tee 1:9");
   expect_usage_error({"--local-ranks-filter", "a", "prog"}, "--local-ranks-filter a");
   expect_usage_error({"--master-port", "x", "prog"}, "--master-port");

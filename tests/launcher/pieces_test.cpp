@@ -112,8 +112,11 @@ TEST(Failure, PeerCasualtiesAreNotTheRootCause) {
   EXPECT_EQ(root->slot.rank, 1);
   EXPECT_TRUE(is_casualty(casualty));
   EXPECT_FALSE(is_casualty(culprit));
-  // With no primary error at all, the first worker that failed on its own counts.
-  EXPECT_EQ(root_cause({casualty, outcome(2, SIGTERM, true)})->slot.rank, 0);
+  // A worker killed by a signal leaves no error file, yet it beats a casualty that
+  // was reaped before it.
+  EXPECT_EQ(root_cause({casualty, outcome(2, SIGKILL, false)})->slot.rank, 2);
+  // With nothing else, the first worker that failed on its own counts.
+  EXPECT_EQ(root_cause({casualty, outcome(3, SIGTERM, true)})->slot.rank, 0);
 }
 
 TEST(Failure, MessageComesFromTheErrorFile) {

@@ -204,12 +204,15 @@ TEST(Launcher, SigtermToLauncherStopsEveryWorker) {
 }
 
 TEST(Launcher, KillingTheLauncherTakesItsWorkersWithIt) {
-  Subprocess launcher(cohort_run(2, {"sleep"}));
+  char tmpl[] = "/tmp/cohort-kill9-XXXXXX";
+  std::string dir = mkdtemp(tmpl);  // a launcher killed -9 cannot clean up after itself
+  Subprocess launcher(cohort_run(2, {"sleep"}, {"--log-dir", dir}));
   auto pids = start_sleepers(launcher, 2);
   ASSERT_EQ(pids.size(), 2u);
   kill(launcher.pid(), SIGKILL);
   launcher.finish(10s);
   EXPECT_TRUE(all_gone(pids, 5s)) << "orphaned workers survived the launcher";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Launcher, MaxRestartsRestartsTheWholeGroup) {

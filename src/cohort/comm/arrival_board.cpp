@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 namespace cohort::comm {
@@ -44,14 +46,18 @@ std::string ArrivalBoard::key(int position) const {
 }
 
 std::int64_t ArrivalBoard::enter(const char* op) {
-  op_.store(op, std::memory_order_relaxed);
-  return seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  std::lock_guard<std::mutex> lock(op_mu_);
+  std::strncpy(op_, op, sizeof op_ - 1);
+  return ++seq_;
 }
 
 void ArrivalBoard::publish_now() {
-  published_seq_ = seq_.load(std::memory_order_relaxed);
-  auto value = std::to_string(published_seq_) + " " + std::to_string(unix_ms()) + " " +
-               op_.load(std::memory_order_relaxed);
+  std::string value;
+  {
+    std::lock_guard<std::mutex> lock(op_mu_);
+    published_seq_ = seq_;
+    value = std::to_string(seq_) + " " + std::to_string(unix_ms()) + " " + op_;
+  }
   try {
     store_->set(key(self_), bytes(value));
   } catch (const std::exception&) {
@@ -65,7 +71,12 @@ void ArrivalBoard::publish_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, kTick, [&] { return stop_; })) {
     auto now = std::chrono::steady_clock::now();
-    if (seq_.load(std::memory_order_relaxed) == published_seq_ && now - last < interval_) continue;
+    bool moved;
+    {
+      std::lock_guard<std::mutex> op_lock(op_mu_);
+      moved = seq_ != published_seq_;
+    }
+    if (!moved && now - last < interval_) continue;
     lock.unlock();
     publish_now();
     lock.lock();
@@ -75,11 +86,19 @@ void ArrivalBoard::publish_loop() {
 
 std::vector<PeerStatus> ArrivalBoard::diagnose(std::int64_t seq) const {
   std::vector<PeerStatus> peers;
-  const double stale_after = 3.0 * std::chrono::duration<double>(interval_).count();
+  const double stale_after = 3.0 * std::chrono::duration<double>(std::max(interval_, kTick)).count();
+  // Each store call is bounded by the board connection's own timeout; one failure or
+  // the overall deadline leaves the remaining peers kUnknown rather than waiting on.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool store_ok = true;
   for (int i = 0; i < static_cast<int>(ranks_.size()); ++i) {
     if (i == self_) continue;
     PeerStatus p;
     p.rank = ranks_[static_cast<size_t>(i)];
+    if (!store_ok || std::chrono::steady_clock::now() >= deadline) {
+      peers.push_back(p);
+      continue;
+    }
     try {
       if (!store_->check({key(i)})) {
         p.state = PeerStatus::State::kNeverSeen;
@@ -99,6 +118,7 @@ std::vector<PeerStatus> ArrivalBoard::diagnose(std::int64_t seq) const {
       }
     } catch (const std::exception&) {
       p.state = PeerStatus::State::kUnknown;
+      store_ok = false;
     }
     peers.push_back(p);
   }

@@ -5,11 +5,14 @@
 // last collective it entered on each group, plus a heartbeat time. A background
 // thread does the writes, so a collective itself never waits on the store or wakes
 // a thread:
-//  * entering a collective is two atomic stores (name, then counter);
+//  * entering a collective copies its name and bumps the counter under an
+//    uncontended mutex (the publisher holds it for a few nanoseconds per tick);
 //  * the thread ticks every kTick (50 ms), publishes when the counter moved, and
 //    re-publishes every heartbeat interval even when nothing changed.
-// The name and counter are read separately, so under a burst a published name may
-// belong to a neighbouring collective; the counter is what the diagnosis relies on.
+// The board talks to the store over a connection of its own, so that a long
+// blocking wait on the main connection (a sub-group's creation, Gloo's mesh set-up)
+// can never hold back a heartbeat and make a live rank look dead. diagnose() reads
+// the peers under one overall deadline.
 // When rank r times out in collective #n, diagnose(n) reads every peer's entry:
 //  - seq >= n                      -> it arrived (not missing);
 //  - seq <  n, heartbeat is fresh  -> alive but has not called #n ("behind");
@@ -20,7 +23,6 @@
 // clocks across hosts; they assume NTP-level agreement (seconds), not more.
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -51,7 +53,7 @@ class ArrivalBoard {
   ArrivalBoard& operator=(const ArrivalBoard&) = delete;
 
   // Records that this rank entered a collective; returns its sequence number
-  // (1-based). `op` must be a string literal.
+  // (1-based). `op` is copied (up to 31 characters).
   std::int64_t enter(const char* op);
 
   // Reads every peer's entry. Never throws: an unreachable store gives kUnknown.
@@ -72,9 +74,10 @@ class ArrivalBoard {
   int self_;
   std::chrono::milliseconds interval_;
 
-  std::atomic<std::int64_t> seq_{0};
-  std::atomic<const char*> op_{"init"};  // string literals only
-  std::int64_t published_seq_ = -1;      // publisher thread only
+  std::mutex op_mu_;  // guards seq_ and op_
+  std::int64_t seq_ = 0;
+  char op_[32] = "init";
+  std::int64_t published_seq_ = -1;  // publisher thread only
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -50,7 +50,7 @@ c10::intrusive_ptr<compat::Backend> make_backend(const std::string& backend,
   auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout());
   if (!options.network_interface().empty())
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(options.network_interface()));
-  else if (info.single_node())
+  else if (info.all_on_this_host())
     // Every peer is on this host: loopback needs no name resolution and no NIC.
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   else

@@ -1,5 +1,7 @@
 #include "cohort/comm/environment.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <optional>
 
@@ -21,7 +23,10 @@ std::optional<std::string> lookup(const EnvMap& env, const std::string& name) {
 std::optional<int> lookup_int(const EnvMap& env, const std::string& name) {
   auto text = lookup(env, name);
   if (!text) return std::nullopt;
-  return static_cast<int>(util::parse_long(*text, "environment variable " + name));
+  long value = util::parse_long(*text, "environment variable " + name);
+  if (value < INT32_MIN || value > INT32_MAX)
+    throw ConfigError("environment variable " + name + ": '" + *text + "' is out of range");
+  return static_cast<int>(value);
 }
 
 int require_int(const EnvMap& env, const std::string& name, const std::string& why) {
@@ -30,11 +35,13 @@ int require_int(const EnvMap& env, const std::string& name, const std::string& w
   return *value;
 }
 
-// Every launcher must end up with a self-consistent world.
-void validate(const WorldInfo& w, const char* source) {
-  auto fail = [&](const std::string& what) {
-    throw ConfigError(std::string("inconsistent ") + source + " environment: " + what);
-  };
+[[noreturn]] void inconsistent(const char* source, const std::string& what) {
+  throw ConfigError(std::string("inconsistent ") + source + " environment: " + what);
+}
+
+// Ranks and sizes, checked before anything divides by a size.
+void validate_sizes(const WorldInfo& w, const char* source) {
+  auto fail = [&](const std::string& what) { inconsistent(source, what); };
   if (w.world_size < 1) fail("world size " + std::to_string(w.world_size) + " must be >= 1");
   if (w.rank < 0 || w.rank >= w.world_size)
     fail("rank " + std::to_string(w.rank) + " is outside [0, " + std::to_string(w.world_size) + ")");
@@ -44,19 +51,27 @@ void validate(const WorldInfo& w, const char* source) {
   if (w.local_rank < 0 || w.local_rank >= w.local_world_size)
     fail("local rank " + std::to_string(w.local_rank) + " is outside [0, " +
          std::to_string(w.local_world_size) + ")");
+}
+
+// Every launcher must end up with a self-consistent world.
+void validate(const WorldInfo& w, const char* source) {
+  validate_sizes(w, source);
   if (w.world_size > 1 && (w.master_port < 1 || w.master_port > 65535))
-    fail("master port " + std::to_string(w.master_port) + " is not a TCP port (1-65535)");
+    inconsistent(source, "master port " + std::to_string(w.master_port) + " is not a TCP port (1-65535)");
 }
 
 WorldInfo from_torchrun(const EnvMap& env) {
   WorldInfo w;
   w.source = WorldSource::kTorchrun;
-  w.rank = require_int(env, "RANK", "it is needed when RANK is set");
+  w.rank = require_int(env, "RANK", "WORLD_SIZE is set; set both, or neither for a world of one");
   w.world_size = require_int(env, "WORLD_SIZE", "RANK is set; set both, or neither for a world of one");
   // A hand-written launch may give only RANK and WORLD_SIZE: assume one node.
   w.local_rank = lookup_int(env, "LOCAL_RANK").value_or(w.rank);
-  w.local_world_size = lookup_int(env, "LOCAL_WORLD_SIZE").value_or(w.world_size);
+  auto local_size = lookup_int(env, "LOCAL_WORLD_SIZE");
+  w.local_world_size = local_size.value_or(w.world_size);
+  w.local_world_size_given = local_size.has_value();
   w.node_rank = lookup_int(env, "GROUP_RANK").value_or(0);
+  validate_sizes(w, "torchrun");
   w.num_nodes = lookup_int(env, "GROUP_WORLD_SIZE").value_or(w.world_size / w.local_world_size);
   w.restart_count = lookup_int(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
   w.max_restarts = lookup_int(env, "TORCHELASTIC_MAX_RESTARTS").value_or(0);
@@ -101,8 +116,10 @@ WorldInfo from_slurm(const EnvMap& env) {
     w.local_world_size = counts[static_cast<size_t>(w.node_rank)];
   } else {
     w.num_nodes = lookup_int(env, "SLURM_NNODES").value_or(1);
-    w.local_world_size = w.world_size / w.num_nodes;
+    if (w.num_nodes < 1) throw ConfigError("SLURM_NNODES=" + std::to_string(w.num_nodes) + " must be >= 1");
+    w.local_world_size = std::max(1, w.world_size / w.num_nodes);
   }
+  w.local_world_size_given = true;
   w.run_id = lookup(env, "SLURM_JOB_ID").value_or("");
   if (w.world_size > 1) {
     if (auto addr = lookup(env, "MASTER_ADDR")) {
@@ -131,6 +148,8 @@ WorldInfo from_openmpi(const EnvMap& env) {
   w.world_size = require_int(env, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK is set");
   w.local_rank = lookup_int(env, "OMPI_COMM_WORLD_LOCAL_RANK").value_or(0);
   w.local_world_size = lookup_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE").value_or(w.world_size);
+  w.local_world_size_given = true;
+  validate_sizes(w, "Open MPI");
   // Open MPI numbers ranks by slot, node after node, when mapping by slot (its default).
   w.node_rank = w.rank / w.local_world_size;
   w.num_nodes = (w.world_size + w.local_world_size - 1) / w.local_world_size;
@@ -167,6 +186,12 @@ EnvMap process_environment() {
     env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
   }
   return env;
+}
+
+bool WorldInfo::all_on_this_host() const {
+  if (world_size == 1) return true;
+  bool loopback = master_addr == "localhost" || master_addr == "::1" || master_addr.rfind("127.", 0) == 0;
+  return single_node() && (local_world_size_given || loopback);
 }
 
 const char* to_string(WorldSource source) {

@@ -38,7 +38,14 @@ struct WorldInfo {
   int max_restarts = 0;
   std::string run_id;
 
+  // Whether the launcher said how many ranks share this host. A hand-written launch
+  // that gives only RANK and WORLD_SIZE is assumed to be one host, but not trusted
+  // with a loopback-only transport unless MASTER_ADDR is loopback too.
+  bool local_world_size_given = false;
+
   bool single_node() const { return local_world_size == world_size; }
+  // Every peer is known to be on this host: loopback is enough.
+  bool all_on_this_host() const;
 };
 
 // Throws ConfigError naming the variable and the fix when the variables present are

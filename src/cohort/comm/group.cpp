@@ -106,7 +106,10 @@ Pending Group::launch(const char* op, const std::function<c10::intrusive_ptr<com
   try {
     work = issue();
   } catch (const std::exception& e) {
-    throw_diagnosed(g, op, seq, e.what());
+    // The backend refused the call itself (dtype, shape, device): this rank's input,
+    // not a peer, is at fault.
+    throw ConfigError(fmt::format("cohort: rank {}: {} #{} of group '{}' was refused by the {} backend: {}",
+                                  g.global_rank, op, seq, g.name, g.backend->getBackendName(), e.what()));
   }
   return Pending(state_, std::move(work), op, seq, std::move(finish));
 }

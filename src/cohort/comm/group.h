@@ -27,7 +27,9 @@ class ArrivalBoard;
 struct GroupState;
 
 // An operation in flight. wait() is bounded by the group's timeout and throws
-// TimeoutError/CommError with a diagnosis; it is a no-op the second time.
+// TimeoutError/CommError with a diagnosis; it is a no-op the second time. Always
+// wait(): an all_reduce with kAvg divides by the group size inside wait(), so until
+// then (even once is_completed() is true) the tensor holds the sum.
 class Pending {
  public:
   Pending() = default;

@@ -20,7 +20,8 @@ struct InitOptions {
   // Bound on joining the world: reaching the store and waiting for every rank.
   TORCH_ARG(std::chrono::milliseconds, join_timeout) = std::chrono::minutes(5);
   // How often each rank publishes which collective it has reached (see
-  // Note [Arrival board]); a rank silent for 3 intervals is reported as gone.
+  // Note [Arrival board]); a rank silent for 3 intervals is reported as gone. At
+  // least 100 ms; shortened to a quarter of `timeout` when that is smaller.
   TORCH_ARG(std::chrono::milliseconds, heartbeat_interval) = std::chrono::seconds(1);
   // Network interface for Gloo (GLOO_SOCKET_IFNAME); empty picks one.
   TORCH_ARG(std::string, network_interface) = "";
@@ -30,6 +31,9 @@ struct InitOptions {
   // Defaults overridden by COHORT_BACKEND, COHORT_TIMEOUT (seconds),
   // COHORT_JOIN_TIMEOUT (seconds) and GLOO_SOCKET_IFNAME.
   static InitOptions from_env(const EnvMap& env);
+  // Throws ConfigError for a timeout that is not > 0 (c10d reads 0 as "never") or a
+  // heartbeat too short to tell a live rank from a dead one.
+  void validate() const;
 };
 
 }  // namespace cohort::comm

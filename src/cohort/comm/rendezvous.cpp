@@ -47,6 +47,15 @@ c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const In
       "/worker/attempt_" + std::to_string(info.restart_count), tcp);
 }
 
+c10::intrusive_ptr<c10d::Store> connect_again(const WorldInfo& info, const c10::intrusive_ptr<c10d::Store>& store,
+                                              std::chrono::milliseconds timeout) {
+  if (info.master_addr.empty()) return store;
+  // The first connection is up, so this one connects at once.
+  auto tcp = compat::make_tcp_store(info.master_addr, static_cast<std::uint16_t>(info.master_port), false, timeout);
+  if (!info.use_agent_store) return tcp;
+  return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(info.restart_count), tcp);
+}
+
 void join(c10d::Store& store, const std::string& key, int rank, const std::vector<int>& ranks,
           std::chrono::milliseconds timeout) {
   auto key_of = [&](int r) { return key + "/" + std::to_string(r); };
@@ -61,19 +70,20 @@ void join(c10d::Store& store, const std::string& key, int rank, const std::vecto
     // Fall through to find out who is missing.
   }
   std::vector<int> missing;
-  for (int r : ranks) {
-    try {
+  try {
+    for (int r : ranks)
       if (!store.check({key_of(r)})) missing.push_back(r);
-    } catch (const std::exception&) {
-      missing.push_back(r);
-    }
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("cohort: rank {} lost the rendezvous store while joining '{}': {}\n  fix: the store's "
+                                "host (rank 0, or the launcher) has most likely exited; see its output",
+                                rank, key, e.what()));
   }
   auto seconds = std::chrono::duration<double>(timeout).count();
   throw TimeoutError(
       fmt::format("cohort: rank {} waited {:.0f} s for every rank to join '{}'; missing: rank{} {}.\n  fix: check "
-                  "that those ranks started (their output, or the `cohort run` summary) and that WORLD_SIZE={} "
-                  "matches the number of processes launched; raise InitOptions::join_timeout (COHORT_JOIN_TIMEOUT) "
-                  "if they start slowly",
+                  "that those ranks started (their output, or the `cohort run` summary) and that the {} ranks "
+                  "expected here were all launched; raise InitOptions::join_timeout (COHORT_JOIN_TIMEOUT) if they "
+                  "start slowly",
                   rank, seconds, key, missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), ranks.size()),
       "join", missing);
 }

@@ -20,6 +20,12 @@ namespace cohort::comm {
 // Throws TimeoutError when the store cannot be reached within join_timeout.
 c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const InitOptions& options);
 
+// A second client connection to the same store, for the arrival board (Note
+// [Arrival board]); its operations are bounded by `timeout`. For an in-memory world
+// it is the same store.
+c10::intrusive_ptr<c10d::Store> connect_again(const WorldInfo& info, const c10::intrusive_ptr<c10d::Store>& store,
+                                              std::chrono::milliseconds timeout);
+
 // Every rank announces itself and waits for the others. Throws TimeoutError naming
 // the ranks that never arrived. `key` namespaces the join (one per group or world).
 void join(c10d::Store& store, const std::string& key, int rank, const std::vector<int>& ranks,

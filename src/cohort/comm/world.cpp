@@ -21,6 +21,7 @@ struct World::State {
   std::string backend;
   c10::Device device{c10::kCPU};
   c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> board_store;  // a connection of its own
   mutable Group world_group;
   mutable std::mutex mu;
   mutable int groups_created = 0;
@@ -28,9 +29,13 @@ struct World::State {
 
 namespace {
 
+constexpr auto kBoardTimeout = std::chrono::seconds(10);
+
+// `store` and `board_store` are the group's two connections, under the same prefix.
 std::shared_ptr<GroupState> make_group(const World& world, const std::string& name, std::vector<int> ranks,
                                        int group_rank, const c10::intrusive_ptr<c10d::Store>& store,
-                                       const std::string& backend, const InitOptions& options) {
+                                       const c10::intrusive_ptr<c10d::Store>& board_store, const std::string& backend,
+                                       const InitOptions& options) {
   auto g = std::make_shared<GroupState>();
   g->name = name;
   g->global_ranks = std::move(ranks);
@@ -42,8 +47,10 @@ std::shared_ptr<GroupState> make_group(const World& world, const std::string& na
   // The backend sees group ranks; the board and join see global ones.
   g->backend = make_backend(backend, c10::make_intrusive<c10d::PrefixStore>("backend", store), group_rank,
                             static_cast<int>(g->global_ranks.size()), world.info(), options);
-  g->board = std::make_unique<ArrivalBoard>(store, "cohort/board/", g->global_ranks, group_rank,
-                                            options.heartbeat_interval());
+  // A rank is called silent after 3 missed beats, so the beat must be well under
+  // the collective timeout for a timeout's diagnosis to be right.
+  auto beat = std::max(std::min(options.heartbeat_interval(), options.timeout() / 4), std::chrono::milliseconds(100));
+  g->board = std::make_unique<ArrivalBoard>(board_store, "cohort/board/", g->global_ranks, group_rank, beat);
   return g;
 }
 
@@ -65,10 +72,12 @@ InitOptions InitOptions::from_env(const EnvMap& env) {
     auto it = env.find(name);
     return it == env.end() || it->second.empty() ? nullptr : &it->second;
   };
-  auto millis = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  auto timeout = [](const std::string& text, const char* name) {
+    return util::timeout_from_seconds(util::parse_seconds(text, name), name);
+  };
   if (auto v = get("COHORT_BACKEND")) o.backend(*v);
-  if (auto v = get("COHORT_TIMEOUT")) o.timeout(millis(util::parse_seconds(*v, "COHORT_TIMEOUT")));
-  if (auto v = get("COHORT_JOIN_TIMEOUT")) o.join_timeout(millis(util::parse_seconds(*v, "COHORT_JOIN_TIMEOUT")));
+  if (auto v = get("COHORT_TIMEOUT")) o.timeout(timeout(*v, "COHORT_TIMEOUT"));
+  if (auto v = get("COHORT_JOIN_TIMEOUT")) o.join_timeout(timeout(*v, "COHORT_JOIN_TIMEOUT"));
   if (auto v = get("GLOO_SOCKET_IFNAME")) o.network_interface(*v);
   return o;
 }
@@ -76,8 +85,10 @@ InitOptions InitOptions::from_env(const EnvMap& env) {
 World World::init(InitOptions options) { return init(world_info_from(process_environment()), std::move(options)); }
 
 World World::init(const WorldInfo& info, InitOptions options) {
+  options.validate();
   auto store = make_world_store(info, options);
-  return build(info, std::move(store), std::move(options));
+  auto board_store = connect_again(info, store, kBoardTimeout);
+  return build(info, std::move(store), std::move(board_store), std::move(options));
 }
 
 World World::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int size, InitOptions options) {
@@ -86,21 +97,36 @@ World World::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, in
   info.world_size = size;
   info.local_rank = rank;
   info.local_world_size = size;
-  return build(info, std::move(store), std::move(options));
+  info.local_world_size_given = true;
+  auto board_store = store;
+  return build(info, std::move(store), std::move(board_store), std::move(options));
 }
 
-World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store, InitOptions options) {
+void InitOptions::validate() const {
+  auto seconds = [](std::chrono::milliseconds d) { return std::chrono::duration<double>(d).count(); };
+  util::timeout_from_seconds(seconds(timeout_), "InitOptions::timeout");
+  util::timeout_from_seconds(seconds(join_timeout_), "InitOptions::join_timeout");
+  if (heartbeat_interval_ < std::chrono::milliseconds(100))
+    throw ConfigError("InitOptions::heartbeat_interval: " + std::to_string(heartbeat_interval_.count()) +
+                      " ms is under 100 ms; the board could not keep up and live ranks would look dead");
+}
+
+World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store,
+                   c10::intrusive_ptr<c10d::Store> board_store, InitOptions options) {
+  options.validate();
   auto state = std::make_shared<State>();
   state->backend = resolve_backend(options.backend(), info.local_world_size);
   state->device = pick_device(state->backend, info);
   state->info = std::move(info);
   state->options = std::move(options);
   state->store = std::move(store);
+  state->board_store = std::move(board_store);
   World world(state);
   std::vector<int> all(static_cast<size_t>(state->info.world_size));
   for (int r = 0; r < state->info.world_size; ++r) all[static_cast<size_t>(r)] = r;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("cohort/world", state->store);
-  state->world_group = Group(make_group(world, "world", all, state->info.rank, prefixed, state->backend,
+  auto board = c10::make_intrusive<c10d::PrefixStore>("cohort/world", state->board_store);
+  state->world_group = Group(make_group(world, "world", all, state->info.rank, prefixed, board, state->backend,
                                         state->options));
   return world;
 }
@@ -150,8 +176,9 @@ Group World::new_group(std::vector<int> ranks) const {
     throw ConfigError(fmt::format("cohort: new_group #{} differs across ranks: rank {} asked for [{}], rank {} for "
                                   "[{}]; every rank must make the same new_group calls in the same order",
                                   id, rank(), spec, ranks.front(), std::string(theirs.begin(), theirs.end())));
-  return Group(make_group(*this, name, std::move(ranks), group_rank, store,
-                          state_->backend, state_->options));
+  auto board = c10::make_intrusive<c10d::PrefixStore>("cohort/" + name, state_->board_store);
+  return Group(make_group(*this, name, std::move(ranks), group_rank, store, board, state_->backend,
+                          state_->options));
 }
 
 }  // namespace cohort::comm

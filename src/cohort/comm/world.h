@@ -52,7 +52,8 @@ class World {
  private:
   struct State;
   explicit World(std::shared_ptr<State> state) : state_(std::move(state)) {}
-  static World build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store, InitOptions options);
+  static World build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store,
+                     c10::intrusive_ptr<c10d::Store> board_store, InitOptions options);
   std::shared_ptr<State> state_;
 };
 

@@ -18,6 +18,7 @@
 #include "cohort/launcher/failure.h"
 #include "cohort/launcher/static_rendezvous.h"
 #include "cohort/launcher/worker_group.h"
+#include "cohort/util/parse.h"
 
 namespace cohort::launcher {
 namespace fs = std::filesystem;
@@ -72,31 +73,55 @@ HostResources detect_resources() {
   return r;
 }
 
+namespace {
+
+// The folder of per-attempt error files and logs: under --log-dir when given (kept),
+// else a temporary one removed however the run ends.
+class RunDirectory {
+ public:
+  RunDirectory(const RunOptions& options, const std::string& run_id)
+      : keep_(!options.log_dir.empty() || options.redirects.any() || options.tee.any()) {
+    std::error_code ec;
+    if (!options.log_dir.empty()) {
+      fs::create_directories(options.log_dir, ec);
+      path_ = fs::path(options.log_dir) / (run_id + "_" + random_id());
+    } else {
+      path_ = fs::temp_directory_path() / ("cohort-run-" + run_id + "-" + random_id());
+    }
+    if (!ec) fs::create_directories(path_, ec);
+    if (ec)
+      throw UsageError(fmt::format("--log-dir {}: cannot create {}: {}; give a writable directory",
+                                   options.log_dir.empty() ? fs::temp_directory_path().string() : options.log_dir,
+                                   path_.string(), ec.message()));
+    if (keep_) fmt::print(stderr, "cohort run: worker logs and error files in {}\n", path_.string());
+  }
+  ~RunDirectory() {
+    std::error_code ignored;
+    if (!keep_) fs::remove_all(path_, ignored);
+  }
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+  fs::path attempt(int n) const { return path_ / ("attempt_" + std::to_string(n)); }
+
+ private:
+  bool keep_;
+  fs::path path_;
+};
+
+}  // namespace
+
 int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostResources& resources) {
+  // Everything that can be wrong with the input is checked before anything starts.
   const int nproc = resolve_nproc(options.nproc_per_node, resources.cpu_count, resources.gpu_count);
   auto path = env.count("PATH") ? env.at("PATH") : std::string("/usr/bin:/bin");
   const std::string program = resolve_program(options.program, path);
-  const auto timeout = std::chrono::milliseconds(static_cast<long>(options.join_timeout * 1000));
+  std::string run_id = options.run_id;
+  if (options.standalone && run_id == "none") run_id = random_id();
+  RunDirectory dir(options, run_id);
+  const auto timeout = util::timeout_from_seconds(options.join_timeout, "--join-timeout");
 
   StaticRendezvous rendezvous(options, timeout);
   const Assignment assignment = rendezvous.assign(nproc);
-  std::string run_id = options.run_id;
-  if (options.standalone && run_id == "none") run_id = random_id();
-
-  // Per-attempt folders hold error files and, with --redirects/--tee, the logs.
-  // Without --log-dir they live in a temporary folder removed at the end.
-  bool keep_dir = !options.log_dir.empty();
-  fs::path base;
-  if (keep_dir) {
-    fs::create_directories(options.log_dir);
-    base = fs::path(options.log_dir) / (run_id + "_" + random_id());
-  } else {
-    base = fs::temp_directory_path() / ("cohort-run-" + run_id + "-" + random_id());
-  }
-  fs::create_directories(base);
-  if (keep_dir || options.redirects.any() || options.tee.any())
-    fmt::print(stderr, "cohort run: worker logs and error files in {}\n", base.string());
-  keep_dir = keep_dir || options.redirects.any() || options.tee.any();
 
   install_signal_handlers();
   // Workers reach the store the way node 0's agent reaches it: loopback when one node.
@@ -105,8 +130,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   int exit_code = 1;
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
-    WorkerGroup running(options, env, program, assignment, nproc, context,
-                        base / ("attempt_" + std::to_string(attempt)), g_signal_pipe[0]);
+    WorkerGroup running(options, env, program, assignment, nproc, context, dir.attempt(attempt), g_signal_pipe[0]);
     auto result = running.monitor();
     if (result.success) {
       exit_code = 0;
@@ -115,8 +139,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     if (result.received_signal) {
       fmt::print(stderr, "cohort run: stopped by signal {}; every worker has exited\n",
                  sigabbrev_np(result.received_signal) ? sigabbrev_np(result.received_signal) : "?");
-      exit_code = 128 + result.received_signal;
-      break;
+      return 128 + result.received_signal;  // nothing to wait for: the user wants out
     }
     FailureContext fc{host_name(), run_id, attempt, options.max_restarts};
     fmt::print(stderr, "{}", failure_summary(result.in_exit_order, fc));
@@ -126,11 +149,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     }
     fmt::print(stderr, "cohort run: restarting every worker (restart {} of {})\n", attempt + 1, options.max_restarts);
   }
-  rendezvous.finish();
-  if (!keep_dir) {
-    std::error_code ignored;
-    fs::remove_all(base, ignored);
-  }
+  rendezvous.finish(g_signal_pipe[0]);
   return exit_code;
 }
 

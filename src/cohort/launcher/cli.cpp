@@ -85,8 +85,9 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
   }
 
   auto rest = app.remaining();
-  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
-  if (!rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-')
+  bool separated = !rest.empty() && rest.front() == "--";
+  if (separated) rest.erase(rest.begin());
+  if (!separated && !rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-')
     throw UsageError(fmt::format("unknown flag {}: see `cohort run --help`; put the program after `--` if its "
                                  "name starts with '-'",
                                  rest.front()));

@@ -22,10 +22,14 @@ bool is_casualty(const WorkerOutcome& w) {
 // writes the error file, so a peer can report the broken connection first. The
 // root cause is therefore the first worker, in exit order, whose error is its own
 // (anything but those two casualty errors), even if the launcher stopped it while it
-// was exiting; failing that, the first worker that failed without being stopped.
+// was exiting; failing that, the first that failed without being stopped and without
+// a casualty's error (a worker killed by a signal leaves no error file); failing that,
+// the first that failed at all.
 const WorkerOutcome* root_cause(const std::vector<WorkerOutcome>& in_exit_order) {
   for (const auto& w : in_exit_order)
     if (!w.succeeded() && w.error && !is_casualty(w)) return &w;
+  for (const auto& w : in_exit_order)
+    if (!w.succeeded() && !w.stopped_by_launcher && !is_casualty(w)) return &w;
   for (const auto& w : in_exit_order)
     if (!w.succeeded() && !w.stopped_by_launcher) return &w;
   return nullptr;

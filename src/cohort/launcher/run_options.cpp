@@ -125,8 +125,13 @@ void validate(const RunOptions& o) {
     throw UsageError(fmt::format("--max-restarts {}: must be 0 or more", o.max_restarts));
   for (auto [flag, value] : {std::pair<const char*, double>{"--monitor-interval", o.monitor_interval},
                              {"--stop-timeout", o.stop_timeout},
-                             {"--join-timeout", o.join_timeout}})
-    if (!(value >= 0)) throw UsageError(fmt::format("{} {}: must be a number of seconds >= 0", flag, value));
+                             {"--join-timeout", o.join_timeout}}) {
+    try {
+      util::timeout_from_seconds(value, flag);
+    } catch (const ConfigError& e) {
+      throw UsageError(e.what());
+    }
+  }
   if (o.program.empty())
     throw UsageError("no program given: cohort run [flags] [--] PROGRAM [ARGS...]");
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,8 +27,14 @@ void wait_for_nodes(c10d::Store& store, const std::string& what, int nodes, std:
   } catch (const std::exception&) {
   }
   std::vector<int> missing;
-  for (int n = 0; n < nodes; ++n)
-    if (!store.check({keys[static_cast<size_t>(n)]})) missing.push_back(n);
+  try {
+    for (int n = 0; n < nodes; ++n)
+      if (!store.check({keys[static_cast<size_t>(n)]})) missing.push_back(n);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("cohort run: node 0's rendezvous store stopped answering: {}\n  fix: node 0's "
+                                "launcher has most likely exited; see its output",
+                                e.what()));
+  }
   throw TimeoutError(fmt::format("cohort run: waited {:.0f} s for every node to {}; missing node rank(s): {}.\n"
                                  "  fix: start `cohort run` on those nodes with the same --nnodes, --master-addr and "
                                  "--master-port, or raise --join-timeout",
@@ -94,6 +101,14 @@ StaticRendezvous::StaticRendezvous(const RunOptions& options, std::chrono::milli
 
 Assignment StaticRendezvous::assign(int local_world_size) {
   const int nodes = options_.max_nodes;
+  // Nodes that disagree on --nnodes would form overlapping worlds and hang.
+  if (options_.node_rank == 0) store_->set("cohort/static/nnodes", bytes(std::to_string(nodes)));
+  store_->wait({"cohort/static/nnodes"}, timeout_);
+  auto raw_nodes = store_->get("cohort/static/nnodes");
+  auto theirs = std::string(raw_nodes.begin(), raw_nodes.end());
+  if (theirs != std::to_string(nodes))
+    throw UsageError(fmt::format("--nnodes {}: node 0 runs with --nnodes {}; every node must pass the same value",
+                                 nodes, theirs));
   store_->set(fmt::format("cohort/static/size/{}", options_.node_rank), bytes(std::to_string(local_world_size)));
   wait_for_nodes(*store_, "size", nodes, timeout_);
   std::vector<int> sizes;
@@ -104,11 +119,25 @@ Assignment StaticRendezvous::assign(int local_world_size) {
   return assign_ranks(sizes, options_.node_rank);
 }
 
-void StaticRendezvous::finish() {
+void StaticRendezvous::finish(int signal_fd) {
   if (options_.max_nodes == 1) return;
   try {
     store_->set(fmt::format("cohort/static/done/{}", options_.node_rank), bytes("1"));
-    if (options_.node_rank == 0) wait_for_nodes(*store_, "done", options_.max_nodes, timeout_);
+    if (options_.node_rank != 0) return;
+    std::vector<std::string> keys;
+    for (int n = 0; n < options_.max_nodes; ++n) keys.push_back(fmt::format("cohort/static/done/{}", n));
+    // Polled rather than store->wait(), so that a signal to the launcher is seen.
+    auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (!store_->check(keys)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        fmt::print(stderr, "cohort run: gave up after {:.0f} s waiting for the other nodes to finish; their workers "
+                           "lose the store now\n",
+                   std::chrono::duration<double>(timeout_).count());
+        return;
+      }
+      pollfd p{signal_fd, POLLIN, 0};
+      if (poll(&p, 1, 200) > 0) return;  // a signal: the user wants out
+    }
   } catch (const std::exception& e) {
     // The job's outcome is already decided; report and move on.
     fmt::print(stderr, "cohort run: while waiting for the other nodes to finish: {}\n", e.what());

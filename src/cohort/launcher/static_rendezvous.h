@@ -34,10 +34,12 @@ class StaticRendezvous {
   // Exchanges worker counts with the other agents, bounded by the timeout; the error
   // names the node ranks that never arrived.
   Assignment assign(int local_world_size);
-  // Called when this node's workers are done. Node 0 waits (bounded) until every node
-  // is done, because its store must outlive every worker.
-  void finish();
+  // Called when this node's workers are done. Node 0 waits until every node is done,
+  // because its store must outlive every worker: bounded by the timeout, and cut
+  // short by a signal arriving on `signal_fd` (the launcher's self-pipe).
+  void finish(int signal_fd);
 
+  // The other nodes' --nnodes must match ours; node 0's is published in assign().
   const std::string& address() const { return address_; }
   int port() const { return port_; }
 

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr auto kSettle = std::chrono::milliseconds(500);
+constexpr auto kSettle = std::chrono::milliseconds(1000);
 
 int open_log(const fs::path& path) { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); }
 
@@ -90,7 +90,8 @@ AttemptResult WorkerGroup::monitor() {
     std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
     for (int fd : router_.open_fds()) fds.push_back({fd, POLLIN, 0});
     auto wake = std::min(stopping_ ? std::min(term_at_, kill_at_) : Clock::time_point::max(), pipes_deadline);
-    auto interval = std::chrono::duration<double>(options_.monitor_interval);
+    // Exits and output wake poll at once; the interval only paces the deadlines.
+    auto interval = std::chrono::duration<double>(std::max(options_.monitor_interval, 0.05));
     wake = std::min(wake, now + std::chrono::duration_cast<Clock::duration>(interval));
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count();
     int n = poll(fds.data(), fds.size(), static_cast<int>(std::max<long>(ms, 1)));
@@ -180,6 +181,7 @@ void WorkerGroup::reap(AttemptResult& result) {
     if (waitpid(w.outcome.pid, &status, WNOHANG) != w.outcome.pid) continue;
     w.exited = true;
     w.outcome.wait_status = status;
+    w.process.signal_group(SIGKILL);  // whatever it left behind (Note [No orphans])
     // Exiting 0 while being stopped is a clean stop, not a casualty.
     if (w.outcome.succeeded()) w.outcome.stopped_by_launcher = false;
     w.outcome.error = elastic::read_error_file(w.outcome.error_file);

@@ -23,14 +23,16 @@ void make_pipe(int fds[2]) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+  // Signals are blocked (see spawn); restore the defaults before letting them in, so
+  // none reaches the launcher's handler, which shares the launcher's self-pipe.
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
   dup2(out_w, STDOUT_FILENO);
   dup2(err_w, STDERR_FILENO);
-  int devnull = open("/dev/null", O_RDONLY);
-  if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+  int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull >= 0) dup2(devnull, STDIN_FILENO);  // dup2 clears CLOEXEC on fd 0 only
   execve(argv[0], argv, envp);
   int err = errno;
   ssize_t ignored = write(status_w, &err, sizeof err);
@@ -56,12 +58,17 @@ WorkerProcess WorkerProcess::spawn(const SpawnRequest& request) {
   make_pipe(err);
   make_pipe(status);
   pid_t parent = getpid();
+  sigset_t all, previous;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, &previous);
   pid_t pid = fork();
   if (pid < 0) {
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
     for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) close(fd);
     throw Error(std::string("cohort run: fork: ") + std::strerror(errno));
   }
   if (pid == 0) exec_child(parent, out[1], err[1], status[1], argv.data(), envp.data());
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
   // Also set the group from this side, so that signal_group works even before the
   // child has run (the usual race-free idiom; one of the two calls wins).
   setpgid(pid, pid);
@@ -88,7 +95,10 @@ WorkerProcess WorkerProcess::spawn(const SpawnRequest& request) {
 }
 
 void WorkerProcess::signal_group(int signal) const {
-  if (pid_ > 0 && kill(-pid_, signal) != 0) kill(pid_, signal);
+  // The group exists from fork on (both sides call setpgid), and its id cannot be
+  // reused while any member lives, so this never hits a stranger, even after the
+  // worker itself has been reaped.
+  if (pid_ > 0) kill(-pid_, signal);
 }
 
 std::string describe_status(int status) {

@@ -6,9 +6,12 @@
 // Each worker asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG),
 // so a launcher that is killed -9 takes its workers with it. The request is made
 // between fork and exec; if the launcher died in that window the child sees a new
-// parent and exits at once. Workers lead their own process group, so stop() reaches
-// whatever they spawned too. PDEATHSIG fires when the *thread* that forked exits, so
-// workers must be spawned from the launcher's main thread.
+// parent and exits at once. Workers lead their own process group: stopping a worker
+// signals the group, and when a worker exits the launcher kills what is left of its
+// group, so helpers it forked (data loaders) do not outlive it. One gap remains: if
+// the launcher is killed -9, a worker dies by PDEATHSIG but its own children survive
+// unless they ask for PDEATHSIG themselves. PDEATHSIG fires when the *thread* that
+// forked exits, so workers must be spawned from the launcher's main thread.
 #include <sys/types.h>
 
 #include <string>

@@ -26,4 +26,13 @@ double parse_seconds(const std::string& text, const std::string& what) {
   return value;
 }
 
+std::chrono::milliseconds timeout_from_seconds(double seconds, const std::string& what) {
+  constexpr double kWeek = 7 * 24 * 3600.0;
+  if (!(seconds > 0) || !(seconds <= kWeek))
+    throw ConfigError(what + ": " + std::to_string(seconds) +
+                      " s is not a usable timeout; give seconds > 0 and at most a week (" +
+                      std::to_string(static_cast<long>(kWeek)) + ")");
+  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000)));
+}
+
 }  // namespace cohort::util
