@@ -49,7 +49,9 @@ inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(
   opts.isServer = is_server;
   opts.waitWorkers = false;  // cohort runs its own bounded join (comm/join.h)
   opts.timeout = timeout;
-#if TORCH_VERSION_MAJOR >= 2
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  // The field arrived with the libuv server in 2.2; before it the classic server
+  // was the only one.
   opts.useLibUV = false;
 #endif
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
