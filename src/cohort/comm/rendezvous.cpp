@@ -56,6 +56,26 @@ c10::intrusive_ptr<c10d::Store> connect_again(const WorldInfo& info, const c10::
   return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(info.restart_count), tcp);
 }
 
+std::vector<size_t> wait_for_keys(c10d::Store& store, const std::vector<std::string>& keys,
+                                  std::chrono::milliseconds timeout, const std::string& store_host) {
+  try {
+    store.wait(keys, timeout);
+    return {};
+  } catch (const std::exception&) {
+    // Fall through to find out which are missing.
+  }
+  std::vector<size_t> missing;
+  try {
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (!store.check({keys[i]})) missing.push_back(i);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("cohort: the rendezvous store stopped answering: {}\n  fix: its host ({}) has most "
+                                "likely exited; see its output",
+                                e.what(), store_host));
+  }
+  return missing;
+}
+
 void join(c10d::Store& store, const std::string& key, int rank, const std::vector<int>& ranks,
           std::chrono::milliseconds timeout) {
   auto key_of = [&](int r) { return key + "/" + std::to_string(r); };
@@ -63,21 +83,10 @@ void join(c10d::Store& store, const std::string& key, int rank, const std::vecto
   store.set(key_of(rank), std::vector<uint8_t>(me.begin(), me.end()));
   std::vector<std::string> keys;
   for (int r : ranks) keys.push_back(key_of(r));
-  try {
-    store.wait(keys, timeout);
-    return;
-  } catch (const std::exception&) {
-    // Fall through to find out who is missing.
-  }
+  auto absent = wait_for_keys(store, keys, timeout, "rank 0, or the launcher");
+  if (absent.empty()) return;
   std::vector<int> missing;
-  try {
-    for (int r : ranks)
-      if (!store.check({key_of(r)})) missing.push_back(r);
-  } catch (const std::exception& e) {
-    throw CommError(fmt::format("cohort: rank {} lost the rendezvous store while joining '{}': {}\n  fix: the store's "
-                                "host (rank 0, or the launcher) has most likely exited; see its output",
-                                rank, key, e.what()));
-  }
+  for (size_t i : absent) missing.push_back(ranks[i]);
   auto seconds = std::chrono::duration<double>(timeout).count();
   throw TimeoutError(
       fmt::format("cohort: rank {} waited {:.0f} s for every rank to join '{}'; missing: rank{} {}.\n  fix: check "

@@ -26,6 +26,12 @@ c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const In
 c10::intrusive_ptr<c10d::Store> connect_again(const WorldInfo& info, const c10::intrusive_ptr<c10d::Store>& store,
                                               std::chrono::milliseconds timeout);
 
+// Waits until every key exists. Returns the positions in `keys` still missing when
+// `timeout` ran out (empty when all arrived). Throws CommError when the store stops
+// answering; `store_host` names who hosts it, for the message.
+std::vector<size_t> wait_for_keys(c10d::Store& store, const std::vector<std::string>& keys,
+                                  std::chrono::milliseconds timeout, const std::string& store_host);
+
 // Every rank announces itself and waits for the others. Throws TimeoutError naming
 // the ranks that never arrived. `key` namespaces the join (one per group or world).
 void join(c10d::Store& store, const std::string& key, int rank, const std::vector<int>& ranks,

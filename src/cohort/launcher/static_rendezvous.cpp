@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
 
 namespace cohort::launcher {
@@ -21,20 +22,9 @@ std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; 
 void wait_for_nodes(c10d::Store& store, const std::string& what, int nodes, std::chrono::milliseconds timeout) {
   std::vector<std::string> keys;
   for (int n = 0; n < nodes; ++n) keys.push_back(fmt::format("cohort/static/{}/{}", what, n));
-  try {
-    store.wait(keys, timeout);
-    return;
-  } catch (const std::exception&) {
-  }
-  std::vector<int> missing;
-  try {
-    for (int n = 0; n < nodes; ++n)
-      if (!store.check({keys[static_cast<size_t>(n)]})) missing.push_back(n);
-  } catch (const std::exception& e) {
-    throw CommError(fmt::format("cohort run: node 0's rendezvous store stopped answering: {}\n  fix: node 0's "
-                                "launcher has most likely exited; see its output",
-                                e.what()));
-  }
+  auto absent = comm::wait_for_keys(store, keys, timeout, "node 0's launcher");
+  if (absent.empty()) return;
+  std::vector<int> missing(absent.begin(), absent.end());  // key n belongs to node n
   throw TimeoutError(fmt::format("cohort run: waited {:.0f} s for every node to {}; missing node rank(s): {}.\n"
                                  "  fix: start `cohort run` on those nodes with the same --nnodes, --master-addr and "
                                  "--master-port, or raise --join-timeout",
