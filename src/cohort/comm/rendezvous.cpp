@@ -6,17 +6,9 @@
 #include <unistd.h>
 
 #include "cohort/errors.h"
+#include "cohort/util/host.h"
 
 namespace cohort::comm {
-namespace {
-
-std::string host_name() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
-}
-
-}  // namespace
 
 c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const InitOptions& options) {
   if (info.master_addr.empty()) {
@@ -79,7 +71,7 @@ std::vector<size_t> wait_for_keys(c10d::Store& store, const std::vector<std::str
 void join(c10d::Store& store, const std::string& key, int rank, const std::vector<int>& ranks,
           std::chrono::milliseconds timeout) {
   auto key_of = [&](int r) { return key + "/" + std::to_string(r); };
-  auto me = host_name() + ":" + std::to_string(getpid());
+  auto me = util::host_name() + ":" + std::to_string(getpid());
   store.set(key_of(rank), std::vector<uint8_t>(me.begin(), me.end()));
   std::vector<std::string> keys;
   for (int r : ranks) keys.push_back(key_of(r));

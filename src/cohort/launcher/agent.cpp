@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
@@ -14,10 +12,10 @@
 #include <random>
 #include <thread>
 
-#include "cohort/elastic/error_file.h"
 #include "cohort/launcher/failure.h"
 #include "cohort/launcher/static_rendezvous.h"
 #include "cohort/launcher/worker_group.h"
+#include "cohort/util/host.h"
 #include "cohort/util/parse.h"
 
 namespace cohort::launcher {
@@ -48,12 +46,6 @@ void install_signal_handlers() {
   sa.sa_flags = SA_RESTART;
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
-}
-
-std::string host_name() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
 }
 
 std::string random_id() {
@@ -141,7 +133,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
                  sigabbrev_np(result.received_signal) ? sigabbrev_np(result.received_signal) : "?");
       return 128 + result.received_signal;  // nothing to wait for: the user wants out
     }
-    FailureContext fc{host_name(), run_id, attempt, options.max_restarts};
+    FailureContext fc{util::host_name(), run_id, attempt, options.max_restarts};
     fmt::print(stderr, "{}", failure_summary(result.in_exit_order, fc));
     if (attempt >= options.max_restarts) {
       exit_code = 1;
