@@ -7,6 +7,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "cohort/util/bytes.h"
+
 namespace cohort::comm {
 namespace {
 
@@ -16,8 +18,6 @@ std::int64_t unix_ms() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
-
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 }  // namespace
 
@@ -59,7 +59,7 @@ void ArrivalBoard::publish_now() {
     value = std::to_string(seq_) + " " + std::to_string(unix_ms()) + " " + op_;
   }
   try {
-    store_->set(key(self_), bytes(value));
+    store_->set(key(self_), util::to_bytes(value));
   } catch (const std::exception&) {
     // The store is gone (its host died). The collective that needs the peers will
     // fail on its own and report it; the board has nothing to add.
@@ -104,7 +104,7 @@ std::vector<PeerStatus> ArrivalBoard::diagnose(std::int64_t seq) const {
         p.state = PeerStatus::State::kNeverSeen;
       } else {
         auto raw = store_->get(key(i));
-        std::istringstream in(std::string(raw.begin(), raw.end()));
+        std::istringstream in(util::from_bytes(raw));
         std::int64_t when = 0;
         in >> p.seq >> when;
         std::getline(in >> std::ws, p.op);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cohort/errors.h"
+#include "cohort/util/bytes.h"
 #include "cohort/util/host.h"
 
 namespace cohort::comm {
@@ -72,7 +73,7 @@ void join(c10d::Store& store, const std::string& key, int rank, const std::vecto
           std::chrono::milliseconds timeout) {
   auto key_of = [&](int r) { return key + "/" + std::to_string(r); };
   auto me = util::host_name() + ":" + std::to_string(getpid());
-  store.set(key_of(rank), std::vector<uint8_t>(me.begin(), me.end()));
+  store.set(key_of(rank), util::to_bytes(me));
   std::vector<std::string> keys;
   for (int r : ranks) keys.push_back(key_of(r));
   auto absent = wait_for_keys(store, keys, timeout, "rank 0, or the launcher");

@@ -11,6 +11,7 @@
 #include "cohort/comm/backend_factory.h"
 #include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
+#include "cohort/util/bytes.h"
 #include "cohort/util/parse.h"
 
 namespace cohort::comm {
@@ -162,7 +163,7 @@ Group World::new_group(std::vector<int> ranks) const {
   // Members must agree on the rank list, or Gloo would wait for a peer that is not
   // coming. The first member publishes it and the others compare.
   auto spec = fmt::format("{}", fmt::join(ranks, ","));
-  if (group_rank == 0) store->set("spec", std::vector<uint8_t>(spec.begin(), spec.end()));
+  if (group_rank == 0) store->set("spec", util::to_bytes(spec));
   std::vector<uint8_t> theirs;
   try {
     store->wait({"spec"}, state_->options.join_timeout());
@@ -172,10 +173,10 @@ Group World::new_group(std::vector<int> ranks) const {
                                    ranks.front(), name, spec, e.what()),
                        "new_group", {ranks.front()});
   }
-  if (std::string(theirs.begin(), theirs.end()) != spec)
+  if (util::from_bytes(theirs) != spec)
     throw ConfigError(fmt::format("cohort: new_group #{} differs across ranks: rank {} asked for [{}], rank {} for "
                                   "[{}]; every rank must make the same new_group calls in the same order",
-                                  id, rank(), spec, ranks.front(), std::string(theirs.begin(), theirs.end())));
+                                  id, rank(), spec, ranks.front(), util::from_bytes(theirs)));
   auto board = c10::make_intrusive<c10d::PrefixStore>("cohort/" + name, state_->board_store);
   return Group(make_group(*this, name, std::move(ranks), group_rank, store, board, state_->backend,
                           state_->options));

@@ -12,11 +12,10 @@
 
 #include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
+#include "cohort/util/bytes.h"
 
 namespace cohort::launcher {
 namespace {
-
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 // Waits for `keys`, naming the nodes whose key is missing when time runs out.
 void wait_for_nodes(c10d::Store& store, const std::string& what, int nodes, std::chrono::milliseconds timeout) {
@@ -92,19 +91,19 @@ StaticRendezvous::StaticRendezvous(const RunOptions& options, std::chrono::milli
 Assignment StaticRendezvous::assign(int local_world_size) {
   const int nodes = options_.max_nodes;
   // Nodes that disagree on --nnodes would form overlapping worlds and hang.
-  if (options_.node_rank == 0) store_->set("cohort/static/nnodes", bytes(std::to_string(nodes)));
+  if (options_.node_rank == 0) store_->set("cohort/static/nnodes", util::to_bytes(std::to_string(nodes)));
   store_->wait({"cohort/static/nnodes"}, timeout_);
   auto raw_nodes = store_->get("cohort/static/nnodes");
-  auto theirs = std::string(raw_nodes.begin(), raw_nodes.end());
+  auto theirs = util::from_bytes(raw_nodes);
   if (theirs != std::to_string(nodes))
     throw UsageError(fmt::format("--nnodes {}: node 0 runs with --nnodes {}; every node must pass the same value",
                                  nodes, theirs));
-  store_->set(fmt::format("cohort/static/size/{}", options_.node_rank), bytes(std::to_string(local_world_size)));
+  store_->set(fmt::format("cohort/static/size/{}", options_.node_rank), util::to_bytes(std::to_string(local_world_size)));
   wait_for_nodes(*store_, "size", nodes, timeout_);
   std::vector<int> sizes;
   for (int n = 0; n < nodes; ++n) {
     auto raw = store_->get(fmt::format("cohort/static/size/{}", n));
-    sizes.push_back(std::stoi(std::string(raw.begin(), raw.end())));
+    sizes.push_back(std::stoi(util::from_bytes(raw)));
   }
   return assign_ranks(sizes, options_.node_rank);
 }
@@ -112,7 +111,7 @@ Assignment StaticRendezvous::assign(int local_world_size) {
 void StaticRendezvous::finish(int signal_fd) {
   if (options_.max_nodes == 1) return;
   try {
-    store_->set(fmt::format("cohort/static/done/{}", options_.node_rank), bytes("1"));
+    store_->set(fmt::format("cohort/static/done/{}", options_.node_rank), util::to_bytes("1"));
     if (options_.node_rank != 0) return;
     std::vector<std::string> keys;
     for (int n = 0; n < options_.max_nodes; ++n) keys.push_back(fmt::format("cohort/static/done/{}", n));

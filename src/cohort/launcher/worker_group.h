@@ -5,6 +5,8 @@
 //
 // Every wait is bounded. After a worker failure the others get a settle window
 // (Note [Root cause]), then SIGTERM, then SIGKILL after --stop-timeout.
+#include <signal.h>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -66,7 +68,7 @@ class WorkerGroup {
   std::vector<Worker> workers_;
   OutputRouter router_;
   bool stopping_ = false;
-  int stop_signal_ = 15;
+  int stop_signal_ = SIGTERM;
   Clock::time_point term_at_ = Clock::time_point::max();
   Clock::time_point kill_at_ = Clock::time_point::max();
 };
