@@ -1,0 +1,160 @@
+#include "cohort/ddp/distributed_data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <set>
+#include <unordered_map>
+
+#include "cohort/ddp/broadcast.h"
+#include "cohort/ddp/replica_check.h"
+#include "cohort/errors.h"
+
+namespace cohort::ddp {
+
+namespace {
+
+void validate(const DistributedDataParallelOptions& o) {
+  if (o.bucket_cap_bytes() <= 0)
+    throw ConfigError(fmt::format("cohort DDP: bucket_cap_bytes must be positive, got {}", o.bucket_cap_bytes()));
+  if (o.first_bucket_cap_bytes() <= 0)
+    throw ConfigError(
+        fmt::format("cohort DDP: first_bucket_cap_bytes must be positive, got {}", o.first_bucket_cap_bytes()));
+}
+
+// Trainable parameters, each once: a tensor shared by two layers appears under both
+// names in named_parameters(), but it has one gradient and is reduced once.
+void trainable_parameters(const torch::nn::Module& module, std::vector<at::Tensor>& params,
+                          std::vector<std::string>& names) {
+  std::unordered_map<const void*, std::size_t> seen;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const auto& p = item.value();
+    if (!p.requires_grad()) continue;
+    auto [it, fresh] = seen.emplace(p.unsafeGetTensorImpl(), params.size());
+    if (!fresh) {
+      names[it->second] += " (shared with " + item.key() + ")";
+      continue;
+    }
+    params.push_back(p);
+    names.push_back(item.key());
+  }
+}
+
+std::vector<at::Tensor> unique_tensors(const std::vector<at::Tensor>& tensors) {
+  std::set<const void*> seen;
+  std::vector<at::Tensor> out;
+  for (const auto& t : tensors)
+    if (t.defined() && seen.insert(t.unsafeGetTensorImpl()).second) out.push_back(t);
+  return out;
+}
+
+}  // namespace
+
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                         comm::Group group, DistributedDataParallelOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
+  if (!module_) throw ConfigError("cohort DDP: the module to wrap is null");
+  if (!group_.is_member())
+    throw ConfigError("cohort DDP: this rank is not a member of the group it was given; pass a group this "
+                      "rank belongs to (world.group(), or the handle new_group returned on a member)");
+  validate(options_);
+
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  trainable_parameters(*module_, params, names);
+
+  bool one_device = true;
+  for (const auto& p : params) one_device = one_device && p.device() == params.front().device();
+  if (one_device && !params.empty()) device_ = params.front().device();
+  if (group_.backend_name() == "nccl")
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (!params[i].is_cuda())
+        throw ConfigError(fmt::format(
+            "cohort DDP (rank {}): parameter '{}' is on {} but the group's backend is NCCL, which only moves "
+            "CUDA tensors. Move the model first: model->to(world.device())",
+            group_.rank(), names[i], params[i].device().str()));
+
+  if (options_.check_replicas() && group_.size() > 1) verify_replicas(group_, describe_parameters(*module_));
+  buffers_ = unique_tensors(module_->buffers(/*recurse=*/true));
+  if (group_.size() > 1) {
+    std::vector<at::Tensor> state = unique_tensors(module_->parameters(/*recurse=*/true));
+    state.insert(state.end(), buffers_.begin(), buffers_.end());
+    broadcast_coalesced(group_, state, 0);
+  }
+  divisor_ = group_.size();
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, options_);
+}
+
+DistributedDataParallelBase::~DistributedDataParallelBase() = default;
+
+void DistributedDataParallelBase::check_input_devices(const std::vector<at::Tensor>& inputs) const {
+  if (!device_) return;  // parameters on several devices: model parallel, inputs go anywhere
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const auto& t = inputs[i];
+    if (!t.defined() || t.device() == *device_) continue;
+    if (t.dim() == 0 && t.is_cpu()) continue;  // CPU scalars mix with any device
+    throw ConfigError(fmt::format(
+        "cohort DDP (rank {}): forward input {} is on {} but the model's parameters are on {}. Move the input "
+        "first: input.to({})",
+        group_.rank(), i, t.device().str(), device_->str(), device_->str()));
+  }
+}
+
+void DistributedDataParallelBase::before_forward(const std::vector<at::Tensor>& inputs) {
+  check_input_devices(inputs);
+  const bool grad = at::GradMode::is_enabled();
+  int root = 0;
+  divisor_ = group_.size();
+  if (join_.active) {
+    auto round = join_round(true, grad, grad && require_sync_);
+    root = round.authoritative();
+    if (!join_.options.divide_by_initial_world_size()) divisor_ = round.active();
+  }
+  if (grad) reducer_->prepare_for_forward();
+  if (options_.broadcast_buffers()) broadcast_coalesced(group_, buffers_, root);
+}
+
+void DistributedDataParallelBase::after_forward(const std::vector<at::Tensor>& outputs) {
+  if (!at::GradMode::is_enabled()) return;
+  reducer_->prepare_for_backward(outputs, require_sync_, divisor_);
+}
+
+JoinRound DistributedDataParallelBase::join_round(bool active, bool grad_enabled, bool sync) {
+  auto t = encode_join_round(group_.size(), group_.rank(), active, grad_enabled, sync)
+               .to(reducer_->parameters().front().device());
+  group_.all_reduce(t);
+  auto round = decode_join_round(t, group_.size());
+  if (round.active() > 0) join_.last_round = round;
+  return round;
+}
+
+void DistributedDataParallelBase::join(const std::function<void()>& loop, JoinOptions options) {
+  if (join_.active) throw ConfigError("cohort DDP: join() is already running; it does not nest");
+  join_ = JoinState{true, options, std::nullopt};
+  try {
+    loop();
+  } catch (...) {
+    join_.active = false;
+    throw;
+  }
+  shadow_until_all_joined();
+}
+
+void DistributedDataParallelBase::shadow_until_all_joined() {
+  while (true) {
+    auto round = join_round(false, false, false);
+    if (round.active() == 0) break;
+    if (round.grad_enabled) reducer_->prepare_for_forward();
+    if (options_.broadcast_buffers()) broadcast_coalesced(group_, buffers_, round.authoritative());
+    if (round.sync)
+      reducer_->shadow_backward(join_.options.divide_by_initial_world_size() ? group_.size() : round.active());
+  }
+  join_.active = false;
+  if (join_.last_round) {
+    std::vector<at::Tensor> state = unique_tensors(module_->parameters(/*recurse=*/true));
+    state.insert(state.end(), buffers_.begin(), buffers_.end());
+    broadcast_coalesced(group_, state, join_.last_round->authoritative());
+  }
+}
+
+}  // namespace cohort::ddp

@@ -1,0 +1,366 @@
+#include "cohort/ddp/reducer.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+
+#include "cohort/ddp/autograd_graph.h"
+#include "cohort/errors.h"
+
+namespace cohort::ddp {
+
+struct Reducer::BucketState {
+  at::Tensor buffer;
+  std::vector<std::size_t> params;
+  std::vector<at::Tensor> views;  // one per parameter, in params' order
+  std::size_t pending = 0;        // gradients still missing this iteration
+  bool launched = false;
+  std::shared_ptr<GradBucket> in_flight;  // what the hook was given; lives until wait()
+  BucketWork work;
+};
+
+namespace {
+
+// Runs after a parameter's AccumulateGrad node: .grad now holds this step's gradient.
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradientReadyHook(Reducer* reducer, std::size_t index) : reducer_(reducer), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    reducer_->on_gradient_ready(index_);
+    return outputs;
+  }
+
+ private:
+  Reducer* reducer_;
+  std::size_t index_;
+};
+
+std::string join_names(const std::vector<std::string>& names, std::size_t limit = 10) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > limit) out += fmt::format(", ... ({} in all)", names.size());
+  return out;
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, comm::Group group,
+                 DistributedDataParallelOptions options)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(std::move(options)),
+      hook_(options_.comm_hook() ? options_.comm_hook() : all_reduce_hook()) {
+  TORCH_INTERNAL_ASSERT(params_.size() == names_.size());
+  if (params_.empty())
+    throw ConfigError("cohort DDP: the module has no parameter that requires grad, so there is nothing to "
+                      "synchronise; wrap a module with trainable parameters");
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].is_sparse())
+      throw ConfigError(fmt::format("cohort DDP: parameter '{}' is sparse; only dense parameters are supported",
+                                    names_[i]));
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    TORCH_INTERNAL_ASSERT(acc, "a leaf parameter that requires grad has a gradient accumulator");
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradientReadyHook>(this, i)));
+    accumulators_.push_back(std::move(acc));
+  }
+  ready_.assign(params_.size(), false);
+  locally_used_.assign(params_.size(), true);
+  build_buckets(reverse_registration_order(params_.size()));
+}
+
+Reducer::~Reducer() {
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void Reducer::build_buckets(const std::vector<std::size_t>& order) {
+  std::vector<ParamMeta> metas;
+  metas.reserve(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
+    metas.push_back({names_[i], p.numel(), static_cast<std::int64_t>(p.element_size()),
+                     std::string(c10::toString(p.scalar_type())), p.device().str()});
+  }
+  plan_ = plan_buckets(metas, order,
+                       BucketOptions()
+                           .bucket_cap_bytes(options_.bucket_cap_bytes())
+                           .first_bucket_cap_bytes(options_.first_bucket_cap_bytes()));
+
+  at::NoGradGuard no_grad;
+  std::vector<BucketState> buckets(plan_.buckets.size());
+  views_.assign(params_.size(), at::Tensor());
+  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const auto& planned = plan_.buckets[b];
+    auto& bucket = buckets[b];
+    const auto& first = params_[planned.params.front()];
+    bucket.buffer = at::zeros({planned.numel}, first.options().requires_grad(false));
+    bucket.params = planned.params;
+    for (std::size_t k = 0; k < planned.params.size(); ++k) {
+      const auto i = planned.params[k];
+      auto view = bucket.buffer.narrow(0, planned.offsets[k], params_[i].numel()).view(params_[i].sizes());
+      auto& grad = params_[i].mutable_grad();
+      if (grad.defined()) {
+        view.copy_(grad);  // keeps what no_sync accumulated across a rebuild
+        if (options_.gradient_as_bucket_view()) grad = view;
+      }
+      bucket.views.push_back(view);
+      views_[i] = view;
+    }
+  }
+  buckets_ = std::move(buckets);
+}
+
+void Reducer::prepare_for_forward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rebuild_due_ && !rebuilt_) rebuild();
+}
+
+void Reducer::rebuild() {
+  const auto n = params_.size();
+  auto order_t = at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kLong));
+  if (group_.rank() == 0) {
+    auto order = order_from_arrivals(arrivals_, n);
+    for (std::size_t k = 0; k < n; ++k) order_t[k] = static_cast<std::int64_t>(order[k]);
+  }
+  auto on_device = order_t.to(params_.front().device());
+  group_.broadcast(on_device, 0);
+  order_t = on_device.cpu();
+  std::vector<std::size_t> order(n);
+  for (std::size_t k = 0; k < n; ++k) order[k] = static_cast<std::size_t>(order_t[k].item<std::int64_t>());
+  build_buckets(order);
+  rebuilt_ = true;
+  rebuild_due_ = false;
+  arrivals_ = {};
+}
+
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync, double divisor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == Phase::kSync) abandon_iteration();
+  divisor_ = divisor;
+  phase_ = sync ? Phase::kSync : Phase::kNoSync;
+  if (!sync) return;
+
+  iteration_start_ = std::chrono::steady_clock::now();
+  timings_ = IterationTimings();
+  if (options_.record_timings())
+    for (const auto& b : plan_.buckets) timings_.buckets.push_back(BucketTiming{b.bytes});
+  std::fill(ready_.begin(), ready_.end(), false);
+  hooks_fired_ = false;
+  next_bucket_ = 0;
+  for (auto& b : buckets_) {
+    b.pending = b.params.size();
+    b.launched = false;
+  }
+  if (!rebuilt_) arrivals_.clear();
+
+  const bool static_first = options_.static_graph() && !static_unused_known_;
+  if (static_first || (options_.find_unused_parameters() && !options_.static_graph())) {
+    locally_used_ = reachable_accumulators(outputs, accumulators_);
+  } else if (options_.static_graph()) {
+    locally_used_ = static_used_;
+  } else {
+    std::fill(locally_used_.begin(), locally_used_.end(), true);
+  }
+  if (static_first) {
+    static_used_ = locally_used_;
+    static_unused_known_ = true;
+  }
+  if (options_.find_unused_parameters() || static_first) launch_unused_mask();
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!locally_used_[i]) mark_ready(i);
+}
+
+void Reducer::launch_unused_mask() {
+  auto mask = at::empty({static_cast<std::int64_t>(params_.size())}, at::TensorOptions().dtype(at::kInt));
+  for (std::size_t i = 0; i < params_.size(); ++i) mask[i] = locally_used_[i] ? 1 : 0;
+  unused_mask_ = mask.to(params_.front().device());
+  unused_mask_work_ = group_.all_reduce_async(unused_mask_);
+}
+
+void Reducer::on_gradient_ready(std::size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == Phase::kNoSync) return;  // no_sync: .grad accumulates locally
+  if (phase_ == Phase::kIdle)
+    throw ConfigError(fmt::format(
+        "cohort DDP (rank {}): parameter '{}' received a gradient outside a DDP step. Run forward through the "
+        "DDP wrapper (or call before_forward/after_forward around it) before each backward, and run one "
+        "backward per forward",
+        group_.rank(), names_[index]));
+  if (ready_[index]) {
+    if (options_.static_graph() && !static_used_[index])
+      throw ConfigError(fmt::format(
+          "cohort DDP (rank {}): static_graph(true) was set, but parameter '{}' was unused in the first step "
+          "and got a gradient now. The set of used parameters changes between steps: turn static_graph off "
+          "and set find_unused_parameters(true)",
+          group_.rank(), names_[index]));
+    throw ConfigError(fmt::format(
+        "cohort DDP (rank {}): parameter '{}' received its gradient twice in one step (a second backward "
+        "over the same forward, or reentrant backward). Run one backward per DDP forward, or wrap the extra "
+        "backward passes in no_sync()",
+        group_.rank(), names_[index]));
+  }
+  hooks_fired_ = true;
+  if (!callback_queued_) {
+    callback_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+  }
+  if (!rebuilt_) arrivals_.push_back(index);
+  mark_ready(index);
+  if (options_.record_timings()) note_completions(elapsed());
+}
+
+void Reducer::mark_ready(std::size_t index) {
+  at::NoGradGuard no_grad;
+  ready_[index] = true;
+  auto& view = views_[index];
+  auto& grad = params_[index].mutable_grad();
+  if (!grad.defined()) {
+    view.zero_();
+  } else if (!grad.is_alias_of(view)) {
+    view.copy_(grad);
+    if (options_.gradient_as_bucket_view()) grad = view;
+  }
+  auto& bucket = buckets_[plan_.bucket_of[index]];
+  if (--bucket.pending == 0) {
+    if (options_.record_timings()) timings_.buckets[plan_.bucket_of[index]].ready_s = elapsed();
+    launch_ready_buckets();
+  }
+}
+
+// Note [Bucket ready order], invariant 3: strictly in plan order.
+void Reducer::launch_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    auto& bucket = buckets_[next_bucket_];
+    bucket.in_flight = std::make_shared<GradBucket>(next_bucket_, next_bucket_ + 1 == buckets_.size(),
+                                                    bucket.buffer, bucket.views, divisor_);
+    bucket.work = hook_->start(group_, *bucket.in_flight);
+    bucket.launched = true;
+    if (options_.record_timings()) timings_.buckets[next_bucket_].launched_s = elapsed();
+    ++next_bucket_;
+  }
+}
+
+void Reducer::finalize_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  callback_queued_ = false;
+  if (phase_ != Phase::kSync) return;
+  if (options_.record_timings()) timings_.backward_end_s = elapsed();
+  if (next_bucket_ < buckets_.size()) {
+    auto missing = names_not_ready();
+    abandon_iteration();
+    throw ConfigError(fmt::format(
+        "cohort DDP (rank {}): backward finished, but {} parameter(s) received no gradient in this step: {}. "
+        "DDP reduces gradients in buckets and cannot tell a gradient that never comes from a late one. Fix: "
+        "make every parameter contribute to the loss, or construct DDP with "
+        "DistributedDataParallelOptions().find_unused_parameters(true) (or .static_graph(true) when the same "
+        "parameters are unused in every step)",
+        group_.rank(), missing.size(), join_names(missing)));
+  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (options_.record_timings()) note_completions(elapsed());
+    buckets_[b].work.wait();
+    buckets_[b].in_flight.reset();
+    if (options_.record_timings() && timings_.buckets[b].done_s < 0) timings_.buckets[b].done_s = elapsed();
+  }
+  std::vector<bool> globally_used(params_.size(), true);
+  if (unused_mask_.defined()) {
+    unused_mask_work_.wait();
+    auto counts = unused_mask_.cpu();
+    for (std::size_t i = 0; i < params_.size(); ++i) globally_used[i] = counts[i].item<int>() > 0;
+    unused_mask_ = at::Tensor();
+  }
+
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!globally_used[i]) continue;  // nobody used it: leave .grad as it was, like a local step
+    auto& grad = params_[i].mutable_grad();
+    if (options_.gradient_as_bucket_view()) {
+      if (!grad.defined() || !grad.is_alias_of(views_[i])) grad = views_[i];
+    } else if (grad.defined()) {
+      grad.copy_(views_[i]);
+    } else {
+      grad = views_[i].clone();
+    }
+  }
+  if (!rebuilt_) rebuild_due_ = true;
+  phase_ = Phase::kIdle;
+  if (options_.record_timings()) timings_.finalize_end_s = elapsed();
+}
+
+void Reducer::shadow_backward(double divisor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == Phase::kSync) abandon_iteration();
+  divisor_ = divisor;
+  const bool static_first = options_.static_graph() && !static_unused_known_;
+  if (static_first) {
+    static_used_.assign(params_.size(), true);
+    static_unused_known_ = true;
+  }
+  if (options_.find_unused_parameters() || static_first) {
+    std::fill(locally_used_.begin(), locally_used_.end(), false);
+    launch_unused_mask();
+  }
+  next_bucket_ = 0;
+  for (auto& b : buckets_) {
+    b.buffer.zero_();
+    b.pending = 0;
+  }
+  launch_ready_buckets();
+  for (auto& b : buckets_) {
+    b.work.wait();
+    b.in_flight.reset();
+  }
+  if (unused_mask_.defined()) {
+    unused_mask_work_.wait();
+    unused_mask_ = at::Tensor();
+  }
+  if (!rebuilt_) rebuild_due_ = true;
+  phase_ = Phase::kIdle;
+}
+
+// Forgets the step in progress. Reductions already started are dropped without
+// waiting: other ranks may never match them, and waiting would only end in a timeout.
+void Reducer::abandon_iteration() {
+  for (auto& b : buckets_) {
+    b.work = BucketWork();
+    b.in_flight.reset();
+    b.launched = false;
+  }
+  unused_mask_ = at::Tensor();
+  unused_mask_work_ = comm::Pending();
+  next_bucket_ = 0;
+  phase_ = Phase::kIdle;
+}
+
+std::vector<std::string> Reducer::names_not_ready() const {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) out.push_back(names_[i]);
+  return out;
+}
+
+double Reducer::elapsed() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - iteration_start_).count();
+}
+
+void Reducer::note_completions(double now) {
+  for (std::size_t b = 0; b < next_bucket_; ++b)
+    if (timings_.buckets[b].done_s < 0 && buckets_[b].work.is_completed()) timings_.buckets[b].done_s = now;
+}
+
+double IterationTimings::hidden_fraction() const {
+  double start = -1, end = -1;
+  for (const auto& b : buckets) {
+    if (b.launched_s >= 0 && (start < 0 || b.launched_s < start)) start = b.launched_s;
+    end = std::max(end, b.done_s);
+  }
+  if (start < 0 || end <= start) return 1.0;
+  return std::clamp((std::min(end, backward_end_s) - start) / (end - start), 0.0, 1.0);
+}
+
+}  // namespace cohort::ddp

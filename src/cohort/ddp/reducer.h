@@ -1,0 +1,119 @@
+#pragma once
+// The heart of DDP: gradient buckets, filled by autograd hooks and reduced while
+// backward is still running. DistributedDataParallel drives it; it has no notion of
+// modules or forward.
+//
+// One iteration, as the reducer sees it:
+//   prepare_for_forward()          rebuild the buckets once, after the first step
+//   prepare_for_backward(outputs)  arm the hooks; mark unused parameters ready
+//   ... backward: each gradient accumulator's post-hook copies the gradient into its
+//       bucket; a full bucket's reduction starts at once, in plan order
+//   finalize (an autograd callback at the end of backward): wait for every bucket,
+//       write the averages back to .grad
+//
+// Note [Rebuilding buckets]
+// The first plan assumes gradients arrive in reverse registration order. During the
+// first synchronised backward, every rank records the order its hooks actually fired;
+// at the next forward with grad enabled every rank calls rebuild, rank 0 broadcasts
+// its order (a fixed-size int64 tensor, so ranks can never disagree on its shape) and
+// everyone re-plans from it (Note [Bucket ready order], invariant 1). Parameters
+// unused in that step go last. The rebuild happens once: at a forward, because then
+// no bucket is in flight on any rank; and only once, because re-allocating buckets
+// each step costs memory traffic for no gain. With gradient_as_bucket_view, .grad
+// tensors are re-pointed at the new buckets, keeping values accumulated under no_sync.
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/group.h"
+#include "cohort/ddp/bucket_plan.h"
+#include "cohort/ddp/comm_hook.h"
+#include "cohort/ddp/options.h"
+#include "cohort/ddp/timings.h"
+
+namespace cohort::ddp {
+
+class Reducer {
+ public:
+  // `params` must require grad; `names` name them in errors.
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, comm::Group group,
+          DistributedDataParallelOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Collective when a rebuild is due (Note [Rebuilding buckets]); call on every rank
+  // before a forward with grad enabled.
+  void prepare_for_forward();
+  // After a forward with grad enabled. With `sync` false (no_sync), backward only
+  // accumulates into .grad. `divisor` is what sums are divided by.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync, double divisor);
+  // For a rank that has joined (ran out of inputs): the collectives of one
+  // synchronised backward, contributing zeros. Leaves this rank's .grad untouched.
+  void shadow_backward(double divisor);
+
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+  const BucketPlan& plan() const { return plan_; }
+  bool rebuilt() const { return rebuilt_; }
+  const IterationTimings& last_timings() const { return timings_; }
+
+  // Called by the gradient accumulators' hooks and the end-of-backward callback.
+  void on_gradient_ready(std::size_t index);
+  void finalize_backward();
+
+ private:
+  struct BucketState;
+  enum class Phase { kIdle, kNoSync, kSync };
+
+  void build_buckets(const std::vector<std::size_t>& order);
+  void rebuild();
+  void mark_ready(std::size_t index);
+  void launch_ready_buckets();
+  void launch_unused_mask();
+  void abandon_iteration();
+  void note_completions(double now);
+  double elapsed() const;
+  std::vector<std::string> names_not_ready() const;
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  comm::Group group_;
+  DistributedDataParallelOptions options_;
+  std::shared_ptr<CommHook> hook_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::uintptr_t> hook_keys_;
+
+  BucketPlan plan_;
+  std::vector<BucketState> buckets_;
+  std::vector<at::Tensor> views_;  // parameter index -> its slice of its bucket
+
+  // The iteration in progress; guarded by mutex_ (hooks run on autograd threads).
+  std::mutex mutex_;
+  Phase phase_ = Phase::kIdle;
+  double divisor_ = 1;
+  bool callback_queued_ = false;
+  bool hooks_fired_ = false;
+  std::vector<bool> ready_;
+  std::vector<bool> locally_used_;
+  std::size_t next_bucket_ = 0;
+  at::Tensor unused_mask_;  // find_unused_parameters: how many ranks used each parameter
+  comm::Pending unused_mask_work_;
+
+  // Note [Rebuilding buckets]
+  bool rebuilt_ = false;
+  bool rebuild_due_ = false;
+  std::vector<std::size_t> arrivals_;
+
+  // static_graph: the parameters unused in the first iteration.
+  bool static_unused_known_ = false;
+  std::vector<bool> static_used_;
+
+  std::chrono::steady_clock::time_point iteration_start_;
+  IterationTimings timings_;
+};
+
+}  // namespace cohort::ddp
