@@ -152,15 +152,21 @@ Pending Group::broadcast_async(at::Tensor& tensor, int root) {
 void Group::broadcast(at::Tensor& tensor, int root) { broadcast_async(tensor, root).wait(); }
 
 std::vector<at::Tensor> Group::all_gather(const at::Tensor& tensor) {
+  std::vector<at::Tensor> parts;
+  all_gather_async(tensor, parts).wait();
+  return parts;
+}
+
+Pending Group::all_gather_async(const at::Tensor& tensor, std::vector<at::Tensor>& parts) {
   auto& g = checked("all_gather");
   check_tensor(g, "all_gather", tensor);
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int i = 0; i < size(); ++i) outputs[0].push_back(at::empty_like(tensor));
+  parts = outputs[0];  // handles: the backend fills the same tensors
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = g.timeout;
-  launch("all_gather", [&] { return g.backend->allgather(outputs, inputs, opts); }).wait();
-  return outputs[0];
+  return launch("all_gather", [&] { return g.backend->allgather(outputs, inputs, opts); });
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& input, ReduceOp op) {

@@ -68,6 +68,8 @@ class Group {
   Pending broadcast_async(at::Tensor& tensor, int root = 0);
   // One tensor per group rank, in rank order.
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
+  // `parts` gets size() tensors at once; they hold the result after wait().
+  Pending all_gather_async(const at::Tensor& tensor, std::vector<at::Tensor>& parts);
   // `input`'s first dimension is split into size() equal chunks; returns the reduction
   // of chunk rank() over all ranks.
   at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op = ReduceOp::kSum);

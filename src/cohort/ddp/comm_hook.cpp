@@ -58,10 +58,36 @@ class CastHook : public CommHook {
   std::string name_;
 };
 
+// Note [bfloat16 over Gloo]
+// Gloo in LibTorch 1.13 cannot sum bfloat16. Over Gloo the compressed values are
+// therefore all-gathered instead (moving bytes needs no arithmetic, so they travel
+// as float16-typed storage) and summed here in float32: each rank still sends half
+// the bytes of a float32 bucket, and the sum adds no rounding of its own. NCCL sums
+// bfloat16 natively.
+class Bf16Hook : public CommHook {
+ public:
+  std::string name() const override { return "bf16_compress"; }
+  BucketWork start(comm::Group& group, GradBucket& bucket) override {
+    if (group.backend_name() != "gloo") return native_.start(group, bucket);
+    auto buffer = bucket.buffer();
+    auto compressed = buffer.div(bucket.divisor()).to(at::kBFloat16);
+    auto parts = std::make_shared<std::vector<at::Tensor>>();
+    auto pending = group.all_gather_async(compressed.view(at::kHalf), *parts);
+    return BucketWork(std::move(pending), [buffer, parts]() mutable {
+      auto sum = at::zeros_like(buffer, buffer.options().dtype(at::kFloat));
+      for (const auto& part : *parts) sum.add_(part.view(at::kBFloat16).to(at::kFloat));
+      buffer.copy_(sum);
+    });
+  }
+
+ private:
+  CastHook native_{at::kBFloat16, "bf16_compress"};
+};
+
 }  // namespace
 
 std::shared_ptr<CommHook> all_reduce_hook() { return std::make_shared<AllReduceHook>(); }
 std::shared_ptr<CommHook> fp16_compress_hook() { return std::make_shared<CastHook>(at::kHalf, "fp16_compress"); }
-std::shared_ptr<CommHook> bf16_compress_hook() { return std::make_shared<CastHook>(at::kBFloat16, "bf16_compress"); }
+std::shared_ptr<CommHook> bf16_compress_hook() { return std::make_shared<Bf16Hook>(); }
 
 }  // namespace cohort::ddp

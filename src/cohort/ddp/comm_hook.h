@@ -84,11 +84,14 @@ class CommHook {
 
 // Sum then divide, in the gradients' own dtype. Exact up to float rounding.
 std::shared_ptr<CommHook> all_reduce_hook();
-// Divide, cast to float16 (bfloat16), all-reduce, cast back. Halves the bytes sent.
-// Error: each rank's contribution is rounded to the compressed type, and so is the
-// running sum: a relative error of about 2^-11 (float16) or 2^-8 (bfloat16) per
-// element, times a small factor in the world size. float16 overflows above 65504
-// (values are divided by the world size first to make that less likely).
+// Divide by the divisor, cast to float16 (bfloat16), reduce, cast back: half the
+// bytes of float32. Documented error, checked by tests/multiproc/ddp_test.cpp: with
+// n ranks whose gradients are g_1..g_n, every element of the result is within
+//   (n + 1) * eps * mean_q |g_q|
+// of the exact average, eps = 2^-11 for float16 and 2^-8 for bfloat16 (each
+// contribution is rounded once, and the running sum once per addition). float16
+// overflows above 65504; dividing first keeps the sum in range whenever each value
+// is. bfloat16 over Gloo: Note [bfloat16 over Gloo] in comm_hook.cpp.
 std::shared_ptr<CommHook> fp16_compress_hook();
 std::shared_ptr<CommHook> bf16_compress_hook();
 

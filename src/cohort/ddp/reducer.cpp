@@ -1,6 +1,7 @@
 #include "cohort/ddp/reducer.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/strides.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -39,6 +40,18 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
   Reducer* reducer_;
   std::size_t index_;
 };
+
+// Note [Gradients that alias a bucket]
+// A parameter's slice of its bucket shares the bucket's storage but is *not* an
+// autograd view of it (narrow().view() would be): LibTorch 1.13's
+// Optimizer::zero_grad() calls grad.detach_(), which autograd refuses on views. A
+// tensor set_() onto the same storage aliases the memory (is_alias_of holds) while
+// being an ordinary tensor, so gradient_as_bucket_view works with stock optimizers.
+at::Tensor bucket_slice(const at::Tensor& buffer, std::int64_t offset, const at::Tensor& param) {
+  auto slice = at::empty({0}, buffer.options());
+  slice.set_(buffer.storage(), buffer.storage_offset() + offset, param.sizes(), c10::contiguous_strides(param.sizes()));
+  return slice;
+}
 
 std::string join_names(const std::vector<std::string>& names, std::size_t limit = 10) {
   std::string out;
@@ -102,7 +115,7 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
     bucket.params = planned.params;
     for (std::size_t k = 0; k < planned.params.size(); ++k) {
       const auto i = planned.params[k];
-      auto view = bucket.buffer.narrow(0, planned.offsets[k], params_[i].numel()).view(params_[i].sizes());
+      auto view = bucket_slice(bucket.buffer, planned.offsets[k], params_[i]);
       auto& grad = params_[i].mutable_grad();
       if (grad.defined()) {
         view.copy_(grad);  // keeps what no_sync accumulated across a rebuild
@@ -273,6 +286,9 @@ void Reducer::finalize_backward() {
     auto counts = unused_mask_.cpu();
     for (std::size_t i = 0; i < params_.size(); ++i) globally_used[i] = counts[i].item<int>() > 0;
     unused_mask_ = at::Tensor();
+    if (options_.static_graph()) static_globally_used_ = globally_used;
+  } else if (options_.static_graph() && !static_globally_used_.empty()) {
+    globally_used = static_globally_used_;  // the first step's answer holds for every step
   }
 
   at::NoGradGuard no_grad;

@@ -111,6 +111,7 @@ class Reducer {
   // static_graph: the parameters unused in the first iteration.
   bool static_unused_known_ = false;
   std::vector<bool> static_used_;
+  std::vector<bool> static_globally_used_;  // by some rank, from the first step's mask
 
   std::chrono::steady_clock::time_point iteration_start_;
   IterationTimings timings_;
