@@ -48,6 +48,49 @@ TEST(DdpThreads, WorldOfTwoAveragesGradientsLikeOneProcessOnTheWholeBatch) {
   }
 }
 
+// A layer that only rank 0 uses: the other ranks contribute zeros to its average.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl() {
+    trunk = register_module("trunk", torch::nn::Linear(6, 6));
+    branch = register_module("branch", torch::nn::Linear(6, 6));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_branch) {
+    auto h = trunk(x);
+    return use_branch ? branch(h) : h;
+  }
+  torch::nn::Linear trunk{nullptr}, branch{nullptr};
+};
+TORCH_MODULE(Branchy);
+
+TEST(DdpThreads, FindUnusedAveragesALayerOnlyOneRankUsedWithZerosFromTheOthers) {
+  torch::manual_seed(1);
+  Branchy reference;
+  auto x = torch::randn({2, 4, 6});
+  std::vector<torch::Tensor> expected;
+  for (int q = 0; q < 2; ++q) {
+    reference->zero_grad();
+    reference->forward(x[q], q == 0).pow(2).sum().backward();
+    auto params = reference->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto g = params[i].grad().defined() ? params[i].grad().clone() : torch::zeros_like(params[i]);
+      if (q == 0) expected.push_back(g / 2);
+      else expected[i] += g / 2;
+    }
+  }
+  run_thread_world(2, [&](cohort::comm::World& world) {
+    auto model = std::dynamic_pointer_cast<BranchyImpl>(reference->clone());
+    DistributedDataParallel ddp(Branchy(model), world.group(),
+                                DistributedDataParallelOptions().find_unused_parameters(true).bucket_cap_bytes(100));
+    for (int step = 0; step < 2; ++step) {
+      ddp.module()->zero_grad();
+      ddp(x[world.rank()], world.rank() == 0).pow(2).sum().backward();
+      auto params = ddp.module()->parameters();
+      for (std::size_t i = 0; i < params.size(); ++i)
+        EXPECT_TRUE(torch::allclose(params[i].grad(), expected[i], 1e-5, 1e-6)) << "rank " << world.rank() << " param " << i;
+    }
+  });
+}
+
 TEST(DdpThreads, GradientAsBucketViewLeavesNoSeparateGradientStorage) {
   run_thread_world(1, [&](cohort::comm::World& world) {
     DistributedDataParallel ddp(mlp(), world.group(), DistributedDataParallelOptions().gradient_as_bucket_view(true));

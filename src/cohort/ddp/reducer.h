@@ -21,6 +21,15 @@
 // no bucket is in flight on any rank; and only once, because re-allocating buckets
 // each step costs memory traffic for no gain. With gradient_as_bucket_view, .grad
 // tensors are re-pointed at the new buckets, keeping values accumulated under no_sync.
+//
+// Note [Stream ordering]
+// On CUDA, the hooks copy gradients into buckets on autograd's current stream.
+// ProcessGroupNCCL makes its own communication stream wait for the current stream
+// before each collective, so an all-reduce never reads a bucket before the copies
+// into it, and the backward stream never waits for communication: the only wait is
+// in the end-of-backward callback (Pending::wait), before the averages are copied
+// back to .grad on the current stream. Not yet verified on a GPU (no session so far
+// had one); on CPU/Gloo the same order holds trivially.
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 
