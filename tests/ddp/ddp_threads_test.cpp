@@ -49,8 +49,9 @@ TEST(DdpThreads, WorldOfTwoAveragesGradientsLikeOneProcessOnTheWholeBatch) {
 }
 
 // A layer that only rank 0 uses: the other ranks contribute zeros to its average.
-struct BranchyImpl : torch::nn::Module {
-  BranchyImpl() {
+struct BranchyImpl : torch::nn::Cloneable<BranchyImpl> {
+  BranchyImpl() { reset(); }
+  void reset() override {
     trunk = register_module("trunk", torch::nn::Linear(6, 6));
     branch = register_module("branch", torch::nn::Linear(6, 6));
   }
