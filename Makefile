@@ -37,10 +37,11 @@ test-torch2:
 	scripts/torch2-chroot 'cmake -S . -B build-torch2 -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) && \
 	  cmake --build build-torch2 -j $(JOBS) && scripts/run-tests build-torch2'
 
-# Benchmarks (BENCHMARKS.md): cohort against PyTorch's torch.distributed, then
-# what cohort's wrapper adds per call.
+# Benchmarks (BENCHMARKS.md): cohort against PyTorch's torch.distributed, DDP
+# training against PyTorch's DDP, then what cohort's wrapper adds per call.
 bench: build
 	benchmarks/compare_collectives.sh $(BUILD) 2
+	benchmarks/compare_ddp.sh $(BUILD) 2
 	$(BUILD)/benchmarks/collectives_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 install: build

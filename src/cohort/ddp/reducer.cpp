@@ -105,8 +105,12 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
                            .first_bucket_cap_bytes(options_.first_bucket_cap_bytes()));
 
   at::NoGradGuard no_grad;
-  std::vector<BucketState> buckets(plan_.buckets.size());
+  // Free the old buckets before allocating the new ones, so a rebuild does not hold
+  // two sets at once. Gradients that alias the old buckets keep their memory alive
+  // until they are copied below.
+  buckets_.clear();
   views_.assign(params_.size(), at::Tensor());
+  std::vector<BucketState> buckets(plan_.buckets.size());
   for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
     const auto& planned = plan_.buckets[b];
     auto& bucket = buckets[b];

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# DDP training, cohort against PyTorch's own DDP, in one run (BENCHMARKS.md):
+#   1. throughput: steps/s of the three models of bench_models.h, without DDP
+#      (world 1) and with DDP at worlds 1, 2, 4, ... up to NPROC, both sides;
+#   2. overlap: cohort's per-bucket timings for the deep model at world 2;
+#   3. memory: peak RSS of local, DDP and DDP with gradient_as_bucket_view on the
+#      deep model, each in a fresh process, worlds 1 and 2, both sides.
+# Both sides are started by `cohort run`, use Gloo on lo and one thread per rank.
+# Prints every JSON line, then summary tables.
+#   benchmarks/compare_ddp.sh [BUILD_DIR] [NPROC]
+# Extra arguments for both throughput programs go in DDP_BENCH_ARGS, e.g.
+# DDP_BENCH_ARGS="--steps 5 --reps 3 --warmup 3" for a smoke run.
+set -euo pipefail
+build=${1:-build}
+nproc=${2:-2}
+here=$(cd "$(dirname "$0")" && pwd)
+python=/usr/bin/python3   # Debian's python3-torch
+bench=$build/benchmarks/ddp_bench
+peer=$here/ddp_peer.py
+read -r -a extra <<< "${DDP_BENCH_ARGS:-}"
+export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+# run WORLD PROGRAM ARGS...: rank 0's JSON lines, echoed and kept.
+run() {
+  local world=$1
+  shift
+  "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 "$@" |
+    sed 's/^\[rank0\]: //' | tee -a "$out"
+}
+
+worlds=(1)
+for ((w = 2; w <= nproc; w *= 2)); do worlds+=("$w"); done
+[[ " ${worlds[*]} " == *" $nproc "* ]] || worlds+=("$nproc")
+pair=$((nproc >= 2 ? 2 : 1))
+
+run 1 "$bench" throughput --mode local "${extra[@]}"
+run 1 "$python" "$peer" throughput --mode local "${extra[@]}"
+for w in "${worlds[@]}"; do
+  run "$w" "$bench" throughput --mode ddp "${extra[@]}"
+  run "$w" "$python" "$peer" throughput --mode ddp "${extra[@]}"
+done
+
+# The bench batch (16), then a larger one: overlap depends on how long backward is
+# against how long the all-reduce takes, and on 2 cores the two compete for CPU.
+run "$pair" "$bench" overlap --model deep
+run "$pair" "$bench" overlap --model deep --batch 64
+
+# Large blocks go straight to mmap and back to the kernel when freed, so RSS follows
+# the live tensors instead of what malloc keeps cached.
+for w in $(printf '%s\n' 1 "$pair" | sort -u); do
+  for config in local ddp ddp-view; do
+    MALLOC_MMAP_THRESHOLD_=65536 run "$w" "$bench" memory --mode "$config" --warmup 5 --steps 10
+    MALLOC_MMAP_THRESHOLD_=65536 run "$w" "$python" "$peer" memory --mode "$config" --warmup 5 --steps 10
+  done
+done
+
+"$python" - "$out" <<'PY'
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rate = {(r["impl"], r["model"], r["world"]): r["steps_per_s"] for r in rows if "steps_per_s" in r}
+cpu = {(r["impl"], r["model"], r["world"]): r["cpu_ms_per_step"] for r in rows if "steps_per_s" in r}
+models = list(dict.fromkeys(m for _, m, _ in rate))
+worlds = sorted({w for i, _, w in rate if i.endswith("ddp")})
+
+def fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+def table(title, values, faster, ratios):
+    print(f"\n{title}")
+    print(f"{'model':<6}{'world':>6}{'local':>9}{'torch-local':>12}{'cohort-ddp':>11}{'torch-ddp':>10}"
+          f"{ratios[0]:>13}{ratios[1]:>18}")
+    for m in models:
+        local, tlocal = values.get(("local", m, 1)), values.get(("torch-local", m, 1))
+        for w in worlds:
+            c, t = values.get(("cohort-ddp", m, w)), values.get(("torch-ddp", m, w))
+            print(f"{m:<6}{w:>6}{fmt(local, '.2f'):>9}{fmt(tlocal, '.2f'):>12}{fmt(c, '.2f'):>11}{fmt(t, '.2f'):>10}"
+                  f"{fmt(faster(c, t), '.2f'):>13}{fmt(faster(local, tlocal), '.2f'):>18}")
+
+# In both tables a ratio above 1 means cohort is faster (or uses less CPU).
+table("Throughput, steps/s (median of repetitions; the local columns are world 1)", rate, ratio,
+      ("cohort/torch", "local/torch-local"))
+table("CPU time per step, ms (rank 0's process, every thread)", cpu, lambda c, t: ratio(t, c),
+      ("torch/cohort", "torch-local/local"))
+
+print("\nDDP overhead at world 1: extra time per step against the same side's local training, %")
+print(f"{'model':<6}{'cohort wall':>12}{'cohort cpu':>11}{'torch wall':>11}{'torch cpu':>10}")
+for m in models:
+    cols = []
+    for local, ddp in (("local", "cohort-ddp"), ("torch-local", "torch-ddp")):
+        wall = ratio(rate.get((local, m, 1)), rate.get((ddp, m, 1)))
+        busy = ratio(cpu.get((ddp, m, 1)), cpu.get((local, m, 1)))
+        cols += [None if x is None else (x - 1) * 100 for x in (wall, busy)]
+    print(f"{m:<6}" + "".join(f"{fmt(x):>{w}}" for x, w in zip(cols, (12, 11, 11, 10))))
+
+buckets = [r for r in rows if r.get("kind") == "overlap"]
+for s in (r for r in rows if r.get("kind") == "overlap-summary"):
+    print(f"\nOverlap, cohort DDP, {s['model']} (batch {s['batch']}) at world {s['world']}: median over "
+          f"{s['steps']} steps, ms relative to the end of backward (negative: hidden behind it)")
+    print(f"{'bucket':>6}{'MB':>7}{'ready':>9}{'launched':>10}{'done':>9}")
+    for b in (b for b in buckets if b["batch"] == s["batch"]):
+        print(f"{b['bucket']:>6}{b['mb']:>7.2f}{b['ready_ms']:>9.2f}{b['launched_ms']:>10.2f}{b['done_ms']:>9.2f}")
+    print(f"backward {s['backward_ms']:.2f} ms, then {s['wait_after_backward_ms']:.2f} ms waiting for buckets; "
+          f"hidden fraction {s['hidden_fraction']:.3f} (min {s['hidden_min']:.3f}, max {s['hidden_max']:.3f})")
+
+mem = {(r["impl"], r["world"], r["config"]): r for r in rows if r.get("kind") == "memory"}
+if mem:
+    print("\nMemory, deep model: peak RSS (VmHWM), MB; deltas against the same side's local run, "
+          "also in gradient copies")
+    print(f"{'impl':<7}{'world':>6}{'config':>10}{'peak':>9}{'+MB':>7}{'copies':>8}"
+          f"{'steady':>9}{'+MB':>7}{'copies':>8}")
+    for (impl, w, config), r in sorted(mem.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        base = mem.get((impl, w, "local"))
+        cols = []
+        for key in ("peak_mb", "steady_peak_mb"):
+            delta = None if base is None or r[key] is None else r[key] - base[key]
+            cols.append(f"{fmt(r[key]):>9}{fmt(delta):>7}{fmt(ratio(delta, r['grad_mb']), '.2f'):>8}")
+        print(f"{impl:<7}{w:>6}{config:>10}" + "".join(cols))
+    print(f"gradients: {next(iter(mem.values()))['grad_mb']:.2f} MB; peak covers the whole run (set-up, "
+          "first backward, bucket rebuild), steady the steps after warm-up")
+PY
