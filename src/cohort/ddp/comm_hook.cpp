@@ -32,30 +32,24 @@ class AllReduceHook : public CommHook {
  public:
   std::string name() const override { return "all_reduce"; }
   BucketWork start(comm::Group& group, GradBucket& bucket) override {
-    auto buffer = bucket.buffer();
-    const double divisor = bucket.divisor();
     // A group of one has nothing to exchange: skipping the backend saves a hand-off
     // to its worker thread per bucket, which is most of DDP's cost at world 1.
-    if (group.size() == 1)
-      return BucketWork(std::vector<comm::Pending>{}, [buffer, divisor]() mutable {
-        if (divisor != 1) buffer.div_(divisor);
-      });
-    return BucketWork(group.all_reduce_async(buffer), [buffer, divisor]() mutable {
-      if (divisor != 1) buffer.div_(divisor);
-    });
+    if (group.size() == 1) return BucketWork();
+    return BucketWork(group.all_reduce_async(bucket.buffer()));
   }
 };
 
-// Note [Compressed reduction]: dividing before the cast keeps the sum of world-size
-// values within the compressed type's range whenever each value is; the running sum
-// is kept in the compressed type by the backend, hence the documented error.
+// Note [Compressed reduction]: the bucket arrives divided (Note [Divide on the way
+// in]), so the sum of world-size values stays within the compressed type's range
+// whenever each value is; the running sum is kept in the compressed type by the
+// backend, hence the documented error.
 class CastHook : public CommHook {
  public:
   CastHook(at::ScalarType type, std::string name) : type_(type), name_(std::move(name)) {}
   std::string name() const override { return name_; }
   BucketWork start(comm::Group& group, GradBucket& bucket) override {
     auto buffer = bucket.buffer();
-    auto compressed = buffer.div(bucket.divisor()).to(type_);
+    auto compressed = buffer.to(type_);
     return BucketWork(group.all_reduce_async(compressed), [buffer, compressed]() mutable { buffer.copy_(compressed); });
   }
 
@@ -76,7 +70,7 @@ class Bf16Hook : public CommHook {
   BucketWork start(comm::Group& group, GradBucket& bucket) override {
     if (group.backend_name() != "gloo") return native_.start(group, bucket);
     auto buffer = bucket.buffer();
-    auto compressed = buffer.div(bucket.divisor()).to(at::kBFloat16);
+    auto compressed = buffer.to(at::kBFloat16);
     auto parts = std::make_shared<std::vector<at::Tensor>>();
     auto pending = group.all_gather_async(compressed.view(at::kHalf), *parts);
     return BucketWork(std::move(pending), [buffer, parts]() mutable {

@@ -12,15 +12,16 @@
 //   struct SignHook : cohort::ddp::CommHook {
 //     std::string name() const override { return "sign"; }
 //     cohort::ddp::BucketWork start(cohort::comm::Group& group, cohort::ddp::GradBucket& b) override {
-//       auto signs = b.buffer().sign();
+//       auto signs = b.buffer().sign().div_(b.divisor());
 //       auto pending = group.all_reduce_async(signs);
-//       return cohort::ddp::BucketWork(std::move(pending), [&b, signs] { b.buffer().copy_(signs).div_(b.divisor()); });
+//       return cohort::ddp::BucketWork(std::move(pending), [&b, signs] { b.buffer().copy_(signs); });
 //     }
 //   };
 //
 // Contract: start() must issue the same collectives, in the same order, on every rank
-// (they are matched by order), and the work, once waited for, must have written the
-// *average* into bucket.buffer(): the sum over ranks divided by bucket.divisor().
+// (they are matched by order). bucket.buffer() arrives holding this rank's gradients
+// already divided by bucket.divisor(), so that the sum over ranks is the average;
+// the work, once waited for, must have written that sum into bucket.buffer().
 #include <ATen/core/Tensor.h>
 
 #include <functional>
@@ -42,12 +43,12 @@ class GradBucket {
   // Buckets are numbered in launch order; 0 is reduced first.
   std::size_t index() const { return index_; }
   bool is_last() const { return is_last_; }
-  // This rank's gradients, flattened into one tensor (one dtype, one device). The
-  // hook replaces them with the average.
+  // This rank's gradients divided by divisor(), flattened into one tensor (one
+  // dtype, one device). The hook replaces them with their sum over ranks.
   at::Tensor& buffer() { return buffer_; }
   // Views of buffer(), one per parameter, shaped like the parameter.
   const std::vector<at::Tensor>& gradients() const { return gradients_; }
-  // What the sum over ranks is divided by: the world size, or under a join with
+  // What buffer() has been divided by: the world size, or under a join with
   // divide_by_initial_world_size(false) the number of ranks that have not joined.
   double divisor() const { return divisor_; }
 
@@ -82,16 +83,16 @@ class CommHook {
   virtual BucketWork start(comm::Group& group, GradBucket& bucket) = 0;
 };
 
-// Sum then divide, in the gradients' own dtype. Exact up to float rounding.
+// Sum, in the gradients' own dtype. Exact up to float rounding.
 std::shared_ptr<CommHook> all_reduce_hook();
-// Divide by the divisor, cast to float16 (bfloat16), reduce, cast back: half the
+// Cast the (divided) bucket to float16 (bfloat16), sum, cast back: half the
 // bytes of float32. Documented error, checked by tests/multiproc/ddp_test.cpp: with
 // n ranks whose gradients are g_1..g_n, every element of the result is within
 //   (n + 1) * eps * mean_q |g_q|
 // of the exact average, eps = 2^-11 for float16 and 2^-8 for bfloat16 (each
 // contribution is rounded once, and the running sum once per addition). float16
-// overflows above 65504; dividing first keeps the sum in range whenever each value
-// is. bfloat16 over Gloo: Note [bfloat16 over Gloo] in comm_hook.cpp.
+// overflows above 65504; the bucket arrives divided, so the sum stays in range
+// whenever each value does. bfloat16 over Gloo: Note [bfloat16 over Gloo] in comm_hook.cpp.
 std::shared_ptr<CommHook> fp16_compress_hook();
 std::shared_ptr<CommHook> bf16_compress_hook();
 

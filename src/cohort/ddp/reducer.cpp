@@ -158,7 +158,7 @@ void Reducer::rebuild() {
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync, double divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ == Phase::kSync) abandon_iteration();
-  divisor_ = divisor;
+  set_divisor(divisor);
   phase_ = sync ? Phase::kSync : Phase::kNoSync;
   if (!sync) return;
 
@@ -190,6 +190,12 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
   if (options_.find_unused_parameters() || static_first) launch_unused_mask();
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (!locally_used_[i]) mark_ready(i);
+}
+
+void Reducer::set_divisor(double divisor) {
+  if (divisor == divisor_ && inverse_divisor_.defined()) return;
+  divisor_ = divisor;
+  inverse_divisor_ = at::scalar_tensor(1.0 / divisor, at::TensorOptions().dtype(at::kDouble));
 }
 
 void Reducer::launch_unused_mask() {
@@ -236,11 +242,17 @@ void Reducer::mark_ready(std::size_t index) {
   ready_[index] = true;
   auto& view = views_[index];
   auto& grad = params_[index].mutable_grad();
+  // Note [Divide on the way in]: the bucket receives grad / divisor, fused with the
+  // copy, so the reduction is a plain sum and no pass over the bucket is left for
+  // after communication, when it could no longer hide behind backward.
   if (!grad.defined()) {
     view.zero_();
   } else if (!grad.is_alias_of(view)) {
-    view.copy_(grad);
+    if (divisor_ == 1) view.copy_(grad);
+    else at::mul_out(view, grad, inverse_divisor_);
     if (options_.gradient_as_bucket_view()) grad = view;
+  } else if (divisor_ != 1) {
+    view.mul_(inverse_divisor_);
   }
   auto& bucket = buckets_[plan_.bucket_of[index]];
   if (--bucket.pending == 0) {
@@ -315,7 +327,7 @@ void Reducer::finalize_backward() {
 void Reducer::shadow_backward(double divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ == Phase::kSync) abandon_iteration();
-  divisor_ = divisor;
+  set_divisor(divisor);
   const bool static_first = options_.static_graph() && !static_unused_known_;
   if (static_first) {
     static_used_.assign(params_.size(), true);

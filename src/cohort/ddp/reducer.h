@@ -83,6 +83,7 @@ class Reducer {
   void mark_ready(std::size_t index);
   void launch_ready_buckets();
   void launch_unused_mask();
+  void set_divisor(double divisor);
   void abandon_iteration();
   void note_completions(double now);
   double elapsed() const;
@@ -104,6 +105,7 @@ class Reducer {
   std::mutex mutex_;
   Phase phase_ = Phase::kIdle;
   double divisor_ = 1;
+  at::Tensor inverse_divisor_;  // 1 / divisor_, a 0-dim tensor for mul_out
   bool callback_queued_ = false;
   bool hooks_fired_ = false;
   std::vector<bool> ready_;

@@ -59,9 +59,7 @@ struct CountingHook : ddp::CommHook {
   std::string name() const override { return "counting"; }
   ddp::BucketWork start(comm::Group& group, ddp::GradBucket& bucket) override {
     ++started;
-    auto buffer = bucket.buffer();
-    double divisor = bucket.divisor();
-    return ddp::BucketWork(group.all_reduce_async(buffer), [buffer, divisor]() mutable { buffer.div_(divisor); });
+    return ddp::BucketWork(group.all_reduce_async(bucket.buffer()));
   }
 };
 
