@@ -9,23 +9,17 @@
 
 #include "cohort/comm/world.h"
 #include "cohort/errors.h"
+#include "support/thread_world.h"
 
 namespace {
 using cohort::comm::InitOptions;
 using cohort::comm::World;
 using namespace std::chrono_literals;
 
-// Runs body(rank) on `n` threads that share a HashStore; rethrows the first error.
+// Ranks as threads over one HashStore, with the options a test gives.
 template <typename Body>
 void run_ranks(int n, InitOptions options, Body body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::future<void>> ranks;
-  for (int r = 0; r < n; ++r)
-    ranks.push_back(std::async(std::launch::async, [=] {
-      auto world = World::init_with_store(store, r, n, options);
-      body(world);
-    }));
-  for (auto& f : ranks) f.get();
+  cohort::testing::run_thread_world(n, body, options);
 }
 
 InitOptions quick() { return InitOptions().backend("gloo").timeout(20s).join_timeout(20s); }

@@ -5,7 +5,7 @@
 
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/errors.h"
-#include "ddp/thread_world.h"
+#include "support/thread_world.h"
 
 namespace {
 using cohort::ddp::DistributedDataParallel;

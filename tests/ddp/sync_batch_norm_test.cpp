@@ -15,6 +15,7 @@
 
 #include "cohort/comm/world.h"
 #include "cohort/errors.h"
+#include "support/thread_world.h"
 
 namespace {
 using cohort::comm::InitOptions;
@@ -24,19 +25,7 @@ using cohort::ddp::SyncBatchNormImpl;
 using cohort::ddp::SyncBatchNormOptions;
 using namespace std::chrono_literals;
 
-// Runs body(world) on `n` threads that share a HashStore; rethrows the first error.
-template <typename Body>
-void run_ranks(int n, Body body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto options = InitOptions().backend("gloo").timeout(20s).join_timeout(20s);
-  std::vector<std::future<void>> ranks;
-  for (int r = 0; r < n; ++r)
-    ranks.push_back(std::async(std::launch::async, [=] {
-      auto world = World::init_with_store(store, r, n, options);
-      body(world);
-    }));
-  for (auto& f : ranks) f.get();
-}
+using cohort::testing::run_thread_world;
 
 bool close(const at::Tensor& a, const at::Tensor& b) { return torch::allclose(a, b, /*rtol=*/1e-4, /*atol=*/1e-5); }
 
@@ -109,7 +98,7 @@ Expected reference(const Case& c) {
 // Each rank trains a SyncBatchNorm on its slice and compares with the reference.
 void check_against_reference(const Case& c) {
   const auto e = reference(c);
-  run_ranks(static_cast<int>(c.batches.size()), [&](World& world) {
+  run_thread_world(static_cast<int>(c.batches.size()), [&](World& world) {
     auto& g = world.group();
     const int r = g.rank();
     SyncBatchNorm bn(SyncBatchNormOptions(c.channels()).momentum(c.momentum).group(g));
@@ -182,7 +171,7 @@ TEST(SyncBatchNorm, EvalUsesRunningStatsAndNeverCommunicates) {
   torch::manual_seed(3);
   const auto train = torch::randn({2, 2, 3, 3}) + 1;
   const auto eval = torch::randn({4, 2, 3, 3});
-  run_ranks(2, [&](World& world) {
+  run_thread_world(2, [&](World& world) {
     SyncBatchNorm bn(SyncBatchNormOptions(2).group(world.group()));
     bn(train);  // both ranks: running statistics move away from 0 and 1
     if (world.rank() != 0) return;  // only rank 0 evaluates; a collective would hang
@@ -215,7 +204,7 @@ TEST(SyncBatchNorm, WrongInputShapesNameExpectedAndActual) {
 }
 
 TEST(SyncBatchNorm, OneValuePerChannelIsAnErrorOnEveryRank) {
-  run_ranks(2, [](World& world) {
+  run_thread_world(2, [](World& world) {
     SyncBatchNorm bn(SyncBatchNormOptions(3).group(world.group()));
     // One sample in all: rank 1's batch is empty. Every rank sees the global count,
     // so all throw and none waits for the others.
@@ -223,7 +212,7 @@ TEST(SyncBatchNorm, OneValuePerChannelIsAnErrorOnEveryRank) {
     EXPECT_NE(message.find("more than 1 value per channel"), std::string::npos) << message;
     EXPECT_EQ(bn->num_batches_tracked.item<std::int64_t>(), 0);
   });
-  run_ranks(1, [](World& world) {
+  run_thread_world(1, [](World& world) {
     SyncBatchNorm bn(SyncBatchNormOptions(3).group(world.group()));
     EXPECT_THROW(bn(torch::randn({1, 3})), cohort::ConfigError);
   });
@@ -263,7 +252,7 @@ TEST(ConvertSyncBatchNorm, ConvertsContainersAndKeepsStateAndForward) {
   auto net = small_net();
   auto original = small_net();
   const auto x = torch::randn({4, 3, 8, 8});
-  run_ranks(1, [&](World& world) {
+  run_thread_world(1, [&](World& world) {
     EXPECT_EQ(cohort::ddp::convert_sync_batchnorm(net.ptr(), world.group()), 2);
     auto sync2d = child<SyncBatchNormImpl>(*net, 1);
     auto sync1d = child<SyncBatchNormImpl>(*child<torch::nn::SequentialImpl>(*net, 3), 2);

@@ -72,43 +72,38 @@ INSTANTIATE_TEST_SUITE_P(Worlds, DdpParity, ::testing::Combine(::testing::Values
                          });
 
 // Misuse: every rank reports the error, and the run ends instead of hanging.
-TEST(DdpErrors, ModelsThatDifferAcrossRanksAreNamedOnEveryRank) {
-  auto r = run_ddp(3, {"mismatch"});
+struct ErrorCase {
+  std::string name;
+  int nproc;
+  std::string scenario;
+  std::vector<std::string> expected;  // in every rank's line
+};
+
+std::ostream& operator<<(std::ostream& os, const ErrorCase& c) { return os << c.name; }
+
+class DdpErrors : public ::testing::TestWithParam<ErrorCase> {};
+
+TEST_P(DdpErrors, EveryRankReportsTheProblemWithoutAHang) {
+  const auto& c = GetParam();
+  auto r = run_ddp(c.nproc, {c.scenario});
+  ASSERT_FALSE(r.timed_out) << describe(r);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  for (int rank = 0; rank < 3; ++rank) {
-    auto prefix = "[rank" + std::to_string(rank) + "]: mismatch ok rank " + std::to_string(rank) + " caught:";
+  for (int rank = 0; rank < c.nproc; ++rank) {
+    auto prefix = "[rank" + std::to_string(rank) + "]: " + c.scenario + " ok rank " + std::to_string(rank) + " caught:";
     auto at = r.out.find(prefix);
     ASSERT_NE(at, std::string::npos) << describe(r);
     auto line = r.out.substr(at, r.out.find('\n', at) - at);
-    EXPECT_NE(line.find("1.weight"), std::string::npos) << line;  // the first differing parameter
-    EXPECT_NE(line.find("rank 1"), std::string::npos) << line;     // the rank that differs
+    for (const auto& expected : c.expected) EXPECT_NE(line.find(expected), std::string::npos) << expected << " in " << line;
   }
 }
 
-TEST(DdpErrors, ParametersWithoutGradientAreNamedAtThatStepOnEveryRank) {
-  auto r = run_ddp(2, {"unused_error"});
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  for (int rank = 0; rank < 2; ++rank) {
-    auto prefix = "[rank" + std::to_string(rank) + "]: unused_error ok rank " + std::to_string(rank);
-    auto at = r.out.find(prefix);
-    ASSERT_NE(at, std::string::npos) << describe(r);
-    auto line = r.out.substr(at, r.out.find('\n', at) - at);
-    EXPECT_NE(line.find("never.weight"), std::string::npos) << line;
-    EXPECT_NE(line.find("find_unused_parameters(true)"), std::string::npos) << line;
-  }
-}
-
-TEST(DdpErrors, InputOnAnotherDeviceNamesBothDevices) {
-  auto r = run_ddp(2, {"device"});
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  for (int rank = 0; rank < 2; ++rank) {
-    auto prefix = "[rank" + std::to_string(rank) + "]: device ok rank " + std::to_string(rank);
-    auto at = r.out.find(prefix);
-    ASSERT_NE(at, std::string::npos) << describe(r);
-    auto line = r.out.substr(at, r.out.find('\n', at) - at);
-    EXPECT_NE(line.find("is on meta"), std::string::npos) << line;
-    EXPECT_NE(line.find("are on cpu"), std::string::npos) << line;
-  }
-}
+INSTANTIATE_TEST_SUITE_P(
+    Misuse, DdpErrors,
+    ::testing::Values(
+        // The first differing parameter, and the rank that differs.
+        ErrorCase{"models_differ_across_ranks", 3, "mismatch", {"1.weight", "rank 1"}},
+        ErrorCase{"parameters_without_gradient", 2, "unused_error", {"never.weight", "find_unused_parameters(true)"}},
+        ErrorCase{"input_on_another_device", 2, "device", {"is on meta", "are on cpu"}}),
+    [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -11,12 +11,15 @@
 
 namespace cohort::testing {
 
-// Runs body(world) on `n` threads; rethrows the first error.
-template <typename Body>
-void run_thread_world(int n, Body body) {
+inline comm::InitOptions quick_thread_world_options() {
   using namespace std::chrono_literals;
+  return comm::InitOptions().backend("gloo").timeout(20s).join_timeout(20s);
+}
+
+// Runs body(world) on `n` threads that share a HashStore; rethrows the first error.
+template <typename Body>
+void run_thread_world(int n, Body body, comm::InitOptions options = quick_thread_world_options()) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  auto options = comm::InitOptions().backend("gloo").timeout(20s).join_timeout(20s);
   std::vector<std::future<void>> ranks;
   for (int r = 0; r < n; ++r)
     ranks.push_back(std::async(std::launch::async, [=] {
