@@ -2,7 +2,9 @@
 # DDP training, cohort against PyTorch's own DDP, in one run (BENCHMARKS.md):
 #   1. throughput: steps/s of the three models of bench_models.h, without DDP
 #      (world 1) and with DDP at worlds 1, 2, 4, ... up to NPROC, both sides;
-#   2. overlap: cohort's per-bucket timings for the deep model at world 2;
+#   2. overhead: cohort DDP against local training at world 1, alternating
+#      repetitions in one process; overlap: cohort's per-bucket timings for the
+#      deep model at world 2;
 #   3. memory: peak RSS of local, DDP and DDP with gradient_as_bucket_view on the
 #      deep model, each in a fresh process, worlds 1 and 2, both sides.
 # Both sides are started by `cohort run`, use Gloo on lo and one thread per rank.
@@ -41,6 +43,8 @@ for w in "${worlds[@]}"; do
   run "$w" "$bench" throughput --mode ddp "${extra[@]}"
   run "$w" "$python" "$peer" throughput --mode ddp "${extra[@]}"
 done
+
+run 1 "$bench" overhead --reps 9
 
 # The bench batch (16), then a larger one: overlap depends on how long backward is
 # against how long the all-reduce takes, and on 2 cores the two compete for CPU.
@@ -97,6 +101,14 @@ for m in models:
         busy = ratio(cpu.get((ddp, m, 1)), cpu.get((local, m, 1)))
         cols += [None if x is None else (x - 1) * 100 for x in (wall, busy)]
     print(f"{m:<6}" + "".join(f"{fmt(x):>{w}}" for x, w in zip(cols, (12, 11, 11, 10))))
+
+over = [r for r in rows if r.get("kind") == "overhead"]
+if over:
+    print("\nDDP overhead at world 1, cohort, one process alternating local and DDP repetitions: "
+          "median over pairs of (DDP time / local time - 1), %")
+    print(f"{'model':<6}{'median':>8}{'min':>8}{'max':>8}")
+    for r in over:
+        print(f"{r['model']:<6}{r['overhead_pct']:>8.2f}{r['min_pct']:>8.2f}{r['max_pct']:>8.2f}")
 
 buckets = [r for r in rows if r.get("kind") == "overlap"]
 for s in (r for r in rows if r.get("kind") == "overlap-summary"):

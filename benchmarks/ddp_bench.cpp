@@ -145,6 +145,41 @@ int throughput(const Args& a, World& world) {
   return 0;
 }
 
+// DDP's overhead at world 1, measured in one process: repetitions of local and DDP
+// training alternate (local, ddp, local, ddp, ...), so drift of the machine (other
+// load, frequency) hits both alike. Reports the median over pairs of ddp/local time.
+int overhead(const Args& a, World& world) {
+  for (const auto& spec : selected(a.model)) {
+    auto local = make_trainer(spec, "local", world);
+    auto ddp = make_trainer(spec, "ddp", world);
+    const int steps = a.steps > 0 ? a.steps : spec.steps;
+    for (int i = 0; i < a.warmup; ++i) local.step(), ddp.step();
+    auto timed = [&](Trainer& t) {
+      auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < steps; ++i) t.step();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    std::vector<double> ratios;
+    for (int r = 0; r < a.reps; ++r) {
+      const double t_local = timed(local);
+      ratios.push_back(timed(ddp) / t_local);
+    }
+    if (world.rank() != 0) continue;
+    std::cout << Json{{"impl", "cohort-ddp"},
+                      {"kind", "overhead"},
+                      {"model", spec.name},
+                      {"world", world.size()},
+                      {"steps", steps},
+                      {"reps", a.reps},
+                      {"overhead_pct", round_to((median(ratios) - 1) * 100, 2)},
+                      {"min_pct", round_to((*std::min_element(ratios.begin(), ratios.end()) - 1) * 100, 2)},
+                      {"max_pct", round_to((*std::max_element(ratios.begin(), ratios.end()) - 1) * 100, 2)}}
+                     .dump()
+              << std::endl;
+  }
+  return 0;
+}
+
 int overlap(const Args& a, World& world) {
   auto spec = cohort::bench::model_spec(a.model);
   if (a.batch > 0) spec.batch = a.batch;
@@ -260,6 +295,9 @@ int main(int argc, char** argv) {
   common(tput);
   tput->add_option("--mode", a.mode)->check(CLI::IsMember({"local", "ddp", "ddp-view"}));
   tput->add_option("--reps", a.reps, "repetitions")->check(CLI::PositiveNumber);
+  auto* ovh = app.add_subcommand("overhead", "DDP against local training in one process, alternating");
+  common(ovh);
+  ovh->add_option("--reps", a.reps, "pairs of repetitions")->check(CLI::PositiveNumber);
   auto* ovl = app.add_subcommand("overlap", "per-bucket timings relative to the end of backward");
   common(ovl);
   ovl->add_option("--batch", a.batch, "batch size (default: the model's own)")->check(CLI::PositiveNumber);
@@ -267,13 +305,15 @@ int main(int argc, char** argv) {
   common(mem);
   mem->add_option("--mode", a.mode)->required()->check(CLI::IsMember({"local", "ddp", "ddp-view"}));
   CLI11_PARSE(app, argc, argv);
-  if (a.model.empty()) a.model = tput->parsed() ? "all" : "deep";
-  if (a.steps <= 0 && !tput->parsed()) a.steps = 30;
+  const bool per_model = tput->parsed() || ovh->parsed();
+  if (a.model.empty()) a.model = per_model ? "all" : "deep";
+  if (a.steps <= 0 && !per_model) a.steps = 30;
 
   return cohort::elastic::record([&] {
     torch::set_num_threads(1);
     auto world = World::init();
     if (tput->parsed()) return throughput(a, world);
+    if (ovh->parsed()) return overhead(a, world);
     if (ovl->parsed()) return overlap(a, world);
     return memory(a, world);
   });

@@ -25,23 +25,23 @@ std::vector<torch::Tensor> local_grads(torch::nn::Sequential model, const torch:
   return out;
 }
 
-TEST(DdpThreads, WorldOfTwoAveragesGradientsLikeOneProcessOnTheWholeBatch) {
+TEST(DdpThreads, WorldsOfOneAndTwoAverageGradientsLikeOneProcessOnTheWholeBatch) {
   torch::manual_seed(0);
   auto reference = mlp();
   auto x = torch::randn({8, 6});
   auto expected = local_grads(reference, x);
-  for (auto view : {false, true}) {
-    run_thread_world(2, [&](cohort::comm::World& world) {
+  for (auto [n, view] : {std::pair{1, false}, {1, true}, {2, false}, {2, true}}) {
+    run_thread_world(n, [&, n = n, view = view](cohort::comm::World& world) {
       auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference->clone());
       DistributedDataParallel ddp(torch::nn::Sequential(model), world.group(),
                                   DistributedDataParallelOptions().gradient_as_bucket_view(view).bucket_cap_bytes(64));
       for (int step = 0; step < 3; ++step) {  // the second forward rebuilds the buckets
         ddp.module()->zero_grad();
-        ddp(x.chunk(2)[world.rank()]).pow(2).mean().backward();
+        ddp(x.chunk(n)[world.rank()]).pow(2).mean().backward();
         auto params = ddp.module()->parameters();
         for (std::size_t i = 0; i < params.size(); ++i)
           EXPECT_TRUE(torch::allclose(params[i].grad(), expected[i], 1e-5, 1e-6))
-              << "view " << view << " step " << step << " param " << i;
+              << "world " << n << " view " << view << " step " << step << " param " << i;
       }
       EXPECT_TRUE(ddp.reducer().rebuilt());
     });

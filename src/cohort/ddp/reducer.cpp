@@ -84,6 +84,12 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   }
   ready_.assign(params_.size(), false);
   locally_used_.assign(params_.size(), true);
+  // Note [A group of one]: with one rank and the default hook, the average of the
+  // gradients is the gradients, so buckets are never filled or copied back; hooks,
+  // bucket order and the unused-parameter errors still run, so behaviour is the
+  // same as at any world size. A custom hook (which may compress) or bucket views
+  // (which must alias the bucket) keep the full path.
+  identity_ = group_.size() == 1 && !options_.comm_hook() && !options_.gradient_as_bucket_view();
   build_buckets(reverse_registration_order(params_.size()));
 }
 
@@ -245,7 +251,9 @@ void Reducer::mark_ready(std::size_t index) {
   // Note [Divide on the way in]: the bucket receives grad / divisor, fused with the
   // copy, so the reduction is a plain sum and no pass over the bucket is left for
   // after communication, when it could no longer hide behind backward.
-  if (!grad.defined()) {
+  if (identity_) {
+    // Note [A group of one]: nothing to copy, the gradient already is the average.
+  } else if (!grad.defined()) {
     view.zero_();
   } else if (!grad.is_alias_of(view)) {
     if (divisor_ == 1) view.copy_(grad);
@@ -308,7 +316,7 @@ void Reducer::finalize_backward() {
   }
 
   at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
+  for (std::size_t i = 0; i < params_.size() && !identity_; ++i) {
     if (!globally_used[i]) continue;  // nobody used it: leave .grad as it was, like a local step
     auto& grad = params_[i].mutable_grad();
     if (options_.gradient_as_bucket_view()) {

@@ -94,6 +94,7 @@ class Reducer {
   comm::Group group_;
   DistributedDataParallelOptions options_;
   std::shared_ptr<CommHook> hook_;
+  bool identity_ = false;  // Note [A group of one]
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
 
