@@ -87,8 +87,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   // Note [A group of one]: with one rank and the default hook, the average of the
   // gradients is the gradients, so buckets are never filled or copied back; hooks,
   // bucket order and the unused-parameter errors still run, so behaviour is the
-  // same as at any world size. A custom hook (which may compress) or bucket views
-  // (which must alias the bucket) keep the full path.
+  // same as at any world size, and no bucket memory is allocated. A custom hook
+  // (which may compress) or bucket views (which must alias the bucket) keep the
+  // full path.
   identity_ = group_.size() == 1 && !options_.comm_hook() && !options_.gradient_as_bucket_view();
   build_buckets(reverse_registration_order(params_.size()));
 }
@@ -121,8 +122,12 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
     const auto& planned = plan_.buckets[b];
     auto& bucket = buckets[b];
     const auto& first = params_[planned.params.front()];
-    bucket.buffer = at::zeros({planned.numel}, first.options().requires_grad(false));
     bucket.params = planned.params;
+    if (identity_) {  // Note [A group of one]: no memory for buckets that are never filled
+      bucket.buffer = at::empty({0}, first.options().requires_grad(false));
+      continue;
+    }
+    bucket.buffer = at::zeros({planned.numel}, first.options().requires_grad(false));
     for (std::size_t k = 0; k < planned.params.size(); ++k) {
       const auto i = planned.params[k];
       auto view = bucket_slice(bucket.buffer, planned.offsets[k], params_[i]);
