@@ -92,6 +92,26 @@ TEST(DdpThreads, FindUnusedAveragesALayerOnlyOneRankUsedWithZerosFromTheOthers) 
   });
 }
 
+TEST(DdpThreads, ABackwardThatFailedMidwayDoesNotStopLaterStepsFromSynchronising) {
+  torch::manual_seed(2);
+  auto reference = mlp();
+  auto x = torch::randn({8, 6});
+  auto expected = local_grads(reference, x);
+  run_thread_world(2, [&](cohort::comm::World& world) {
+    auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference->clone());
+    DistributedDataParallel ddp(torch::nn::Sequential(model), world.group());
+    // The input's gradient comes last, after some parameters' hooks have fired.
+    auto input = x.chunk(2)[world.rank()].clone().requires_grad_(true);
+    input.register_hook([](torch::Tensor) -> torch::Tensor { throw std::runtime_error("skip this batch"); });
+    EXPECT_THROW(ddp(input).pow(2).mean().backward(), std::exception);
+    ddp.module()->zero_grad();
+    ddp(x.chunk(2)[world.rank()]).pow(2).mean().backward();
+    auto params = ddp.module()->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      EXPECT_TRUE(torch::allclose(params[i].grad(), expected[i], 1e-5, 1e-6)) << "param " << i;
+  });
+}
+
 TEST(DdpThreads, GradientAsBucketViewLeavesNoSeparateGradientStorage) {
   run_thread_world(1, [&](cohort::comm::World& world) {
     DistributedDataParallel ddp(mlp(), world.group(), DistributedDataParallelOptions().gradient_as_bucket_view(true));

@@ -8,6 +8,7 @@
 
 #include "cohort/ddp/broadcast.h"
 #include "cohort/ddp/replica_check.h"
+#include "cohort/ddp/sync_batch_norm.h"
 #include "cohort/errors.h"
 
 namespace cohort::ddp {
@@ -130,14 +131,21 @@ JoinRound DistributedDataParallelBase::join_round(bool active, bool grad_enabled
 
 void DistributedDataParallelBase::join(const std::function<void()>& loop, JoinOptions options) {
   if (join_.active) throw ConfigError("cohort DDP: join() is already running; it does not nest");
+  // Note [Join] mirrors DDP's own collectives only; SyncBatchNorm's would pair with
+  // the wrong ones on ranks that have joined.
+  for (const auto& m : module_->modules(/*include_self=*/true))
+    if (dynamic_cast<const SyncBatchNormImpl*>(m.get()))
+      throw ConfigError("cohort DDP: join() cannot mirror SyncBatchNorm's collectives for ranks that ran out of "
+                        "data; give every rank the same number of batches (e.g. DistributedSampler with "
+                        "drop_last) or use BatchNorm");
   join_ = JoinState{true, options, std::nullopt};
   try {
     loop();
+    shadow_until_all_joined();
   } catch (...) {
-    join_.active = false;
+    join_.active = false;  // a failed join leaves later forwards ordinary
     throw;
   }
-  shadow_until_all_joined();
 }
 
 void DistributedDataParallelBase::shadow_until_all_joined() {

@@ -23,7 +23,10 @@ struct DistributedDataParallelOptions {
   TORCH_ARG(std::int64_t, first_bucket_cap_bytes) = 1024 * 1024;
   // Parameters' .grad become views into the buckets: no copy in or out, and no second
   // copy of the gradients in memory. zero_grad() keeps working; a .grad you replace
-  // is copied into its bucket at the next backward.
+  // is copied into its bucket at the next backward. LibTorch 2.x's zero_grad()
+  // sets .grad to none by default, so autograd allocates a fresh gradient each step
+  // that is then copied in; use zero_grad(/*set_to_none=*/false) (or
+  // Module::zero_grad(false)) to keep the gradients in the buckets throughout.
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
   // Walk the autograd graph after each forward to find parameters that will get no
   // gradient, and reduce them as zeros. Needed when forward skips parameters; it

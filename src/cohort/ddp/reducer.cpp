@@ -84,6 +84,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   }
   ready_.assign(params_.size(), false);
   locally_used_.assign(params_.size(), true);
+  used_since_sync_.assign(params_.size(), false);
   // Note [A group of one]: with one rank and the default hook, the average of the
   // gradients is the gradients, so buckets are never filled or copied back; hooks,
   // bucket order and the unused-parameter errors still run, so behaviour is the
@@ -168,15 +169,13 @@ void Reducer::rebuild() {
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync, double divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (phase_ == Phase::kSync) abandon_iteration();
+  if (phase_ == Phase::kSync) abandon_iteration(/*wait_launched=*/!hooks_fired_);
+  callback_queued_ = false;  // no backward runs now; a failed one never ran its callback
   set_divisor(divisor);
   phase_ = sync ? Phase::kSync : Phase::kNoSync;
   if (!sync) return;
 
-  iteration_start_ = std::chrono::steady_clock::now();
-  timings_ = IterationTimings();
-  if (options_.record_timings())
-    for (const auto& b : plan_.buckets) timings_.buckets.push_back(BucketTiming{b.bytes});
+  reset_timings();
   std::fill(ready_.begin(), ready_.end(), false);
   hooks_fired_ = false;
   next_bucket_ = 0;
@@ -203,6 +202,13 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
     if (!locally_used_[i]) mark_ready(i);
 }
 
+void Reducer::reset_timings() {
+  iteration_start_ = std::chrono::steady_clock::now();
+  timings_ = IterationTimings();
+  if (options_.record_timings())
+    for (const auto& b : plan_.buckets) timings_.buckets.push_back(BucketTiming{b.bytes});
+}
+
 void Reducer::set_divisor(double divisor) {
   if (divisor == divisor_ && inverse_divisor_.defined()) return;
   divisor_ = divisor;
@@ -211,14 +217,19 @@ void Reducer::set_divisor(double divisor) {
 
 void Reducer::launch_unused_mask() {
   auto mask = at::empty({static_cast<std::int64_t>(params_.size())}, at::TensorOptions().dtype(at::kInt));
-  for (std::size_t i = 0; i < params_.size(); ++i) mask[i] = locally_used_[i] ? 1 : 0;
+  // A parameter that got a gradient under no_sync since the last reduction holds
+  // that gradient, so it counts as used even if this step skips it.
+  for (std::size_t i = 0; i < params_.size(); ++i) mask[i] = locally_used_[i] || used_since_sync_[i] ? 1 : 0;
   unused_mask_ = mask.to(params_.front().device());
   unused_mask_work_ = group_.all_reduce_async(unused_mask_);
 }
 
 void Reducer::on_gradient_ready(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (phase_ == Phase::kNoSync) return;  // no_sync: .grad accumulates locally
+  if (phase_ == Phase::kNoSync) {  // no_sync: .grad accumulates locally
+    used_since_sync_[index] = true;
+    return;
+  }
   if (phase_ == Phase::kIdle)
     throw ConfigError(fmt::format(
         "cohort DDP (rank {}): parameter '{}' received a gradient outside a DDP step. Run forward through the "
@@ -294,7 +305,7 @@ void Reducer::finalize_backward() {
   if (options_.record_timings()) timings_.backward_end_s = elapsed();
   if (next_bucket_ < buckets_.size()) {
     auto missing = names_not_ready();
-    abandon_iteration();
+    abandon_iteration(/*wait_launched=*/false);
     throw ConfigError(fmt::format(
         "cohort DDP (rank {}): backward finished, but {} parameter(s) received no gradient in this step: {}. "
         "DDP reduces gradients in buckets and cannot tell a gradient that never comes from a late one. Fix: "
@@ -316,9 +327,12 @@ void Reducer::finalize_backward() {
     for (std::size_t i = 0; i < params_.size(); ++i) globally_used[i] = counts[i].item<int>() > 0;
     unused_mask_ = at::Tensor();
     if (options_.static_graph()) static_globally_used_ = globally_used;
-  } else if (options_.static_graph() && !static_globally_used_.empty()) {
-    globally_used = static_globally_used_;  // the first step's answer holds for every step
+  } else if (options_.static_graph()) {
+    // The first step's answer holds for every step; if that step never completed,
+    // static_graph's promise makes the local answer the global one.
+    globally_used = static_globally_used_.empty() ? static_used_ : static_globally_used_;
   }
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
 
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size() && !identity_; ++i) {
@@ -339,13 +353,11 @@ void Reducer::finalize_backward() {
 
 void Reducer::shadow_backward(double divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (phase_ == Phase::kSync) abandon_iteration();
+  if (phase_ == Phase::kSync) abandon_iteration(/*wait_launched=*/!hooks_fired_);
+  callback_queued_ = false;
   set_divisor(divisor);
+  reset_timings();
   const bool static_first = options_.static_graph() && !static_unused_known_;
-  if (static_first) {
-    static_used_.assign(params_.size(), true);
-    static_unused_known_ = true;
-  }
   if (options_.find_unused_parameters() || static_first) {
     std::fill(locally_used_.begin(), locally_used_.end(), false);
     launch_unused_mask();
@@ -362,15 +374,32 @@ void Reducer::shadow_backward(double divisor) {
   }
   if (unused_mask_.defined()) {
     unused_mask_work_.wait();
+    if (static_first) {  // the others' first step: what they use is the static set
+      auto counts = unused_mask_.cpu();
+      static_used_.assign(params_.size(), false);
+      for (std::size_t i = 0; i < params_.size(); ++i) static_used_[i] = counts[i].item<int>() > 0;
+      static_globally_used_ = static_used_;
+      static_unused_known_ = true;
+    }
     unused_mask_ = at::Tensor();
   }
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
   if (!rebuilt_) rebuild_due_ = true;
   phase_ = Phase::kIdle;
 }
 
-// Forgets the step in progress. Reductions already started are dropped without
-// waiting: other ranks may never match them, and waiting would only end in a timeout.
-void Reducer::abandon_iteration() {
+// Forgets the step in progress. With `wait_launched` (a forward that had no
+// backward: every rank issued the same reductions, so they complete), reductions
+// already started are waited for, so none still writes into a bucket the next step
+// uses. Otherwise (a backward failed or differed across ranks) they are dropped:
+// other ranks may never match them, and waiting would only end in a timeout.
+void Reducer::abandon_iteration(bool wait_launched) {
+  if (wait_launched) {
+    for (auto& b : buckets_)
+      if (b.launched) b.work.wait();
+    unused_mask_work_.wait();
+  }
+  callback_queued_ = false;
   for (auto& b : buckets_) {
     b.work = BucketWork();
     b.in_flight.reset();

@@ -62,7 +62,9 @@ class Reducer {
   // accumulates into .grad. `divisor` is what sums are divided by.
   void prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync, double divisor);
   // For a rank that has joined (ran out of inputs): the collectives of one
-  // synchronised backward, contributing zeros. Leaves this rank's .grad untouched.
+  // synchronised backward, contributing zeros. With gradient_as_bucket_view this
+  // rank's .grad (the buckets) ends up holding the others' average; otherwise .grad
+  // is left untouched.
   void shadow_backward(double divisor);
 
   const std::vector<at::Tensor>& parameters() const { return params_; }
@@ -84,7 +86,8 @@ class Reducer {
   void launch_ready_buckets();
   void launch_unused_mask();
   void set_divisor(double divisor);
-  void abandon_iteration();
+  void abandon_iteration(bool wait_launched);
+  void reset_timings();
   void note_completions(double now);
   double elapsed() const;
   std::vector<std::string> names_not_ready() const;
@@ -111,6 +114,7 @@ class Reducer {
   bool hooks_fired_ = false;
   std::vector<bool> ready_;
   std::vector<bool> locally_used_;
+  std::vector<bool> used_since_sync_;  // got a gradient under no_sync since the last reduction
   std::size_t next_bucket_ = 0;
   at::Tensor unused_mask_;  // find_unused_parameters: how many ranks used each parameter
   comm::Pending unused_mask_work_;
