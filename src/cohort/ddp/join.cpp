@@ -2,25 +2,28 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace cohort::ddp {
 
 at::Tensor encode_join_round(int world_size, int rank, bool active, bool grad_enabled, bool sync) {
-  auto t = at::zeros({world_size + 2}, at::TensorOptions().dtype(at::kInt));
+  std::vector<int> slots(world_size + 2, 0);
   if (active) {
-    t[rank] = 1;
-    t[world_size] = grad_enabled ? 1 : 0;
-    t[world_size + 1] = sync ? 1 : 0;
+    slots[rank] = 1;
+    slots[world_size] = grad_enabled ? 1 : 0;
+    slots[world_size + 1] = sync ? 1 : 0;
   }
-  return t;
+  return at::tensor(slots, at::TensorOptions().dtype(at::kInt));
 }
 
 JoinRound decode_join_round(const at::Tensor& summed, int world_size) {
-  auto t = summed.cpu();
+  auto t = summed.cpu().contiguous();
+  const int* slots = t.data_ptr<int>();
   JoinRound round;
   for (int r = 0; r < world_size; ++r)
-    if (t[r].item<int>() > 0) round.active_ranks.push_back(r);
-  round.grad_enabled = t[world_size].item<int>() > 0;
-  round.sync = t[world_size + 1].item<int>() > 0;
+    if (slots[r] > 0) round.active_ranks.push_back(r);
+  round.grad_enabled = slots[world_size] > 0;
+  round.sync = slots[world_size + 1] > 0;
   return round;
 }
 

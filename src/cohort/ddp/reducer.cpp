@@ -216,12 +216,26 @@ void Reducer::set_divisor(double divisor) {
 }
 
 void Reducer::launch_unused_mask() {
-  auto mask = at::empty({static_cast<std::int64_t>(params_.size())}, at::TensorOptions().dtype(at::kInt));
   // A parameter that got a gradient under no_sync since the last reduction holds
   // that gradient, so it counts as used even if this step skips it.
-  for (std::size_t i = 0; i < params_.size(); ++i) mask[i] = locally_used_[i] || used_since_sync_[i] ? 1 : 0;
-  unused_mask_ = mask.to(params_.front().device());
+  std::vector<int> used(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) used[i] = locally_used_[i] || used_since_sync_[i] ? 1 : 0;
+  unused_mask_ = at::tensor(used, at::TensorOptions().dtype(at::kInt)).to(params_.front().device());
   unused_mask_work_ = group_.all_reduce_async(unused_mask_);
+}
+
+std::vector<bool> Reducer::take_unused_mask() {
+  unused_mask_work_.wait();
+  auto counts = unused_mask_.cpu().contiguous();
+  unused_mask_ = at::Tensor();
+  const int* used_by = counts.data_ptr<int>();
+  return std::vector<bool>(used_by, used_by + params_.size());  // nonzero: some rank used it
+}
+
+void Reducer::end_step() {
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
+  if (!rebuilt_) rebuild_due_ = true;
+  phase_ = Phase::kIdle;
 }
 
 void Reducer::on_gradient_ready(std::size_t index) {
@@ -322,17 +336,13 @@ void Reducer::finalize_backward() {
   }
   std::vector<bool> globally_used(params_.size(), true);
   if (unused_mask_.defined()) {
-    unused_mask_work_.wait();
-    auto counts = unused_mask_.cpu();
-    for (std::size_t i = 0; i < params_.size(); ++i) globally_used[i] = counts[i].item<int>() > 0;
-    unused_mask_ = at::Tensor();
+    globally_used = take_unused_mask();
     if (options_.static_graph()) static_globally_used_ = globally_used;
   } else if (options_.static_graph()) {
     // The first step's answer holds for every step; if that step never completed,
     // static_graph's promise makes the local answer the global one.
     globally_used = static_globally_used_.empty() ? static_used_ : static_globally_used_;
   }
-  std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
 
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size() && !identity_; ++i) {
@@ -346,8 +356,7 @@ void Reducer::finalize_backward() {
       grad = views_[i].clone();
     }
   }
-  if (!rebuilt_) rebuild_due_ = true;
-  phase_ = Phase::kIdle;
+  end_step();
   if (options_.record_timings()) timings_.finalize_end_s = elapsed();
 }
 
@@ -373,19 +382,13 @@ void Reducer::shadow_backward(double divisor) {
     b.in_flight.reset();
   }
   if (unused_mask_.defined()) {
-    unused_mask_work_.wait();
+    auto used = take_unused_mask();
     if (static_first) {  // the others' first step: what they use is the static set
-      auto counts = unused_mask_.cpu();
-      static_used_.assign(params_.size(), false);
-      for (std::size_t i = 0; i < params_.size(); ++i) static_used_[i] = counts[i].item<int>() > 0;
-      static_globally_used_ = static_used_;
+      static_used_ = static_globally_used_ = used;
       static_unused_known_ = true;
     }
-    unused_mask_ = at::Tensor();
   }
-  std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
-  if (!rebuilt_) rebuild_due_ = true;
-  phase_ = Phase::kIdle;
+  end_step();
 }
 
 // Forgets the step in progress. With `wait_launched` (a forward that had no
@@ -425,16 +428,6 @@ double Reducer::elapsed() const {
 void Reducer::note_completions(double now) {
   for (std::size_t b = 0; b < next_bucket_; ++b)
     if (timings_.buckets[b].done_s < 0 && buckets_[b].work.is_completed()) timings_.buckets[b].done_s = now;
-}
-
-double IterationTimings::hidden_fraction() const {
-  double start = -1, end = -1;
-  for (const auto& b : buckets) {
-    if (b.launched_s >= 0 && (start < 0 || b.launched_s < start)) start = b.launched_s;
-    end = std::max(end, b.done_s);
-  }
-  if (start < 0 || end <= start) return 1.0;
-  return std::clamp((std::min(end, backward_end_s) - start) / (end - start), 0.0, 1.0);
 }
 
 }  // namespace cohort::ddp

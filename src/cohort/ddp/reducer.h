@@ -85,6 +85,9 @@ class Reducer {
   void mark_ready(std::size_t index);
   void launch_ready_buckets();
   void launch_unused_mask();
+  // Waits for the mask; true where some rank used the parameter.
+  std::vector<bool> take_unused_mask();
+  void end_step();
   void set_divisor(double divisor);
   void abandon_iteration(bool wait_launched);
   void reset_timings();
