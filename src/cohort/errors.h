@@ -44,4 +44,12 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// A file's content is not what it should be: a dataset file that is missing,
+// truncated or corrupt, or a checkpoint that fails its checksum. The message names the
+// file and says how to get a good one.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace cohort

@@ -1,0 +1,53 @@
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <iostream>
+
+namespace fashion_mnist {
+
+std::optional<TrainerOptions> parse_options(int argc, char** argv) {
+  TrainerOptions o;
+  CLI::App app(
+      "Trains a small CNN on Fashion-MNIST with cohort's DistributedDataParallel.\n"
+      "Run it under `cohort run --nproc-per-node N`, or alone for a world of one.\n"
+      "With --checkpoint-dir it resumes from the newest good checkpoint there.",
+      "fashion_mnist");
+  app.add_option("--epochs", o.epochs, "Passes over the training set")->check(CLI::Range(1, 1000));
+  app.add_option("--batch-size", o.batch_size, "Samples per step on each rank")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", o.lr, "Learning rate (the peak, with --schedule cosine)")
+      ->check(CLI::Range(1e-9, 10.0));
+  app.add_option("--optimizer", o.optimizer, "adam, or sgd (with momentum 0.9)")
+      ->check(CLI::IsMember({"adam", "sgd"}));
+  app.add_option("--schedule", o.schedule, "Learning rate over the run: cosine decay to 0, or constant")
+      ->check(CLI::IsMember({"cosine", "constant"}));
+  app.add_option("--seed", o.seed, "Seed of the initial weights and of the shuffling");
+  app.add_option("--data-dir", o.data_dir, "Directory of the four Fashion-MNIST IDX files")->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "Where to save checkpoints and resume from");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "Steps between checkpoints (0: only at the end of each epoch)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep-checkpoints", o.keep_checkpoints, "How many checkpoints to keep")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--save-final", o.save_final, "Write the final weights here, as a state dict for torch.load");
+  app.add_option("--limit-train-batches", o.limit_train_batches, "Steps per epoch at most (0: all), for quick runs")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--deterministic", o.deterministic,
+               "Bitwise-reproducible: same seed and world size, same final weights, also across a resume");
+  app.add_option("--log-interval", o.log_interval_s, "Seconds between progress lines when not on a terminal")
+      ->check(CLI::Range(0.0, 3600.0));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fashion_mnist: " << e.what() << "\nRun with --help for the flags.\n";
+    std::exit(2);
+  }
+  return o;
+}
+
+}  // namespace fashion_mnist

@@ -1,0 +1,31 @@
+#pragma once
+// The trainer's flags. Parsed once, at the edge, into this struct.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fashion_mnist {
+
+struct TrainerOptions {
+  int epochs = 2;
+  int batch_size = 32;  // per rank
+  double lr = 2e-3;
+  std::string optimizer = "adam";  // adam | sgd (momentum 0.9)
+  std::string schedule = "cosine";  // cosine | constant
+  std::uint64_t seed = 0;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string checkpoint_dir;  // empty: no checkpoints, no resume
+  std::int64_t checkpoint_every = 0;  // steps; 0: only at the end of each epoch
+  int keep_checkpoints = 3;
+  std::string save_final;  // a Python-loadable state dict
+  std::int64_t limit_train_batches = 0;  // per epoch; 0: all
+  std::string device = "cpu";  // cpu | cuda
+  bool deterministic = false;
+  double log_interval_s = 5.0;  // seconds between plain progress lines
+};
+
+// Parses argv. Returns nullopt after printing help. On a bad flag, prints what is
+// wrong (naming the flag) and exits with status 2, as command-line tools do.
+std::optional<TrainerOptions> parse_options(int argc, char** argv);
+
+}  // namespace fashion_mnist

@@ -1,0 +1,268 @@
+#include "cohort/checkpoint/checkpointer.h"
+
+#include <fmt/format.h>
+#include <torch/serialize.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cohort/checkpoint/atomic_file.h"
+#include "cohort/checkpoint/rng_state.h"
+#include "cohort/checkpoint/state_dict.h"
+#include "cohort/checkpoint/trainer_state.h"
+#include "cohort/errors.h"
+
+namespace fs = std::filesystem;
+
+namespace cohort::checkpoint {
+namespace {
+
+constexpr const char* kStepPrefix = "step-";
+constexpr const char* kManifest = "MANIFEST.json";
+constexpr const char* kFormat = "cohort-checkpoint";
+constexpr int kVersion = 1;
+const std::vector<std::string> kFiles = {"model.pt", "optimizer.pt", "trainer.pt"};
+
+std::optional<std::int64_t> step_of(const std::string& name) {
+  if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
+  const std::string digits = name.substr(std::string(kStepPrefix).size());
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  return std::stoll(digits);
+}
+
+// The files of a checkpoint directory, each checked against the manifest. Throws
+// DataError saying what is wrong.
+std::vector<std::string> read_verified(const std::string& path, std::int64_t step) {
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(read_whole_file(path + "/" + kManifest));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}/{} is not valid JSON ({})", path, kManifest, e.what()));
+  }
+  if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion ||
+      manifest.value("step", std::int64_t{-1}) != step) {
+    throw DataError(fmt::format("{}/{} is not a version-{} manifest of step {}", path, kManifest,
+                                kVersion, step));
+  }
+  std::vector<std::string> contents;
+  for (const auto& name : kFiles) {
+    const auto entry = manifest["files"].find(name);
+    if (entry == manifest["files"].end()) {
+      throw DataError(fmt::format("{}/{} does not list {}", path, kManifest, name));
+    }
+    std::string bytes = read_whole_file(path + "/" + name);
+    const auto size = entry->value("bytes", std::uint64_t{0});
+    const auto crc = entry->value("crc32", std::uint32_t{0});
+    if (bytes.size() != size) {
+      throw DataError(fmt::format("{}/{} has {} bytes, the manifest says {} (truncated)", path,
+                                  name, bytes.size(), size));
+    }
+    if (crc32_of(bytes) != crc) {
+      throw DataError(fmt::format("{}/{} fails its CRC-32 (corrupt)", path, name));
+    }
+    contents.push_back(std::move(bytes));
+  }
+  return contents;
+}
+
+// One flag per rank, combined so that every rank learns whether any rank failed.
+bool any_rank(comm::Group& group, bool failed, c10::Device device) {
+  auto flag = torch::full({1}, failed ? 1 : 0, torch::dtype(torch::kInt64).device(device));
+  group.all_reduce(flag, comm::ReduceOp::kMax);
+  return flag.item<std::int64_t>() != 0;
+}
+
+std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                    const std::string& source, c10::Device device) {
+  try {
+    torch::serialize::InputArchive archive;
+    std::istringstream in(bytes);
+    archive.load_from(in, device);
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    throw ConfigError(fmt::format("{}: the optimizer state does not fit this optimizer ({}); "
+                                  "it was saved with another optimizer or model",
+                                  source, e.what_without_backtrace()));
+  }
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(std::string directory, comm::Group group, CheckpointerOptions options)
+    : directory_(std::move(directory)), group_(std::move(group)), options_(std::move(options)) {
+  if (options_.keep_last() < 1) {
+    throw ConfigError(fmt::format("CheckpointerOptions::keep_last is {}; it must be at least 1",
+                                  options_.keep_last()));
+  }
+}
+
+std::string Checkpointer::path_of(std::int64_t step) const {
+  return fmt::format("{}/{}{:09d}", directory_, kStepPrefix, step);
+}
+
+void Checkpointer::warn(const std::string& message) const {
+  if (options_.warn()) {
+    options_.warn()(message);
+  } else {
+    std::cerr << "cohort: warning: " << message << std::endl;
+  }
+}
+
+std::vector<std::int64_t> Checkpointer::steps_on_disk() const {
+  std::vector<std::int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    if (auto step = step_of(entry.path().filename().string())) steps.push_back(*step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::string Checkpointer::save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                               const TrainingProgress& progress, c10::Device device) {
+  // Every rank's generators travel to rank 0, which writes them all.
+  std::vector<std::vector<at::Tensor>> rng(static_cast<std::size_t>(group_.size()));
+  for (const auto& state : capture_rng_state(device)) {
+    const auto parts = group_.all_gather(state.to(device));
+    for (std::size_t r = 0; r < parts.size(); ++r) rng[r].push_back(parts[r].cpu());
+  }
+  const std::string path = path_of(progress.step);
+  std::string error;
+  if (group_.rank() == 0) {
+    try {
+      const std::vector<std::string> contents = {
+          state_dict_bytes(model), optimizer_bytes(optimizer),
+          encode_trainer_state(progress, rng)};
+      write(path, kFiles, contents);
+      prune();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (any_rank(group_, !error.empty(), device)) {
+    throw Error(group_.rank() == 0
+                    ? fmt::format("could not write the checkpoint {}: {}", path, error)
+                    : fmt::format("rank 0 could not write the checkpoint {}; its log says why",
+                                  path));
+  }
+  return path;
+}
+
+void Checkpointer::write(const std::string& final_path, const std::vector<std::string>& files,
+                         const std::vector<std::string>& contents) const {
+  fs::create_directories(directory_);
+  const std::string name = fs::path(final_path).filename().string();
+  const std::string temp = fmt::format("{}/{}{}.{}", directory_, kTempPrefix, name, ::getpid());
+  fs::remove_all(temp);
+  fs::create_directory(temp);
+  nlohmann::json manifest = {{"format", kFormat}, {"version", kVersion}, {"files", nlohmann::json::object()}};
+  manifest["step"] = *step_of(name);
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    write_file_durably(temp + "/" + files[i], contents[i]);
+    manifest["files"][files[i]] = {{"bytes", contents[i].size()}, {"crc32", crc32_of(contents[i])}};
+  }
+  // The manifest last: a directory with a manifest has every file it lists.
+  write_file_durably(temp + "/" + kManifest, manifest.dump(2));
+  fsync_directory(temp);
+  // Saving a step that exists (a resumed run passing the same step again) replaces it;
+  // rename(2) cannot replace a non-empty directory, so the old one steps aside first.
+  std::string old;
+  if (fs::exists(final_path)) {
+    old = fmt::format("{}/{}old-{}.{}", directory_, kTempPrefix, name, ::getpid());
+    fs::rename(final_path, old);
+  }
+  fs::rename(temp, final_path);
+  fsync_directory(directory_);
+  if (!old.empty()) fs::remove_all(old);
+}
+
+void Checkpointer::prune() const {
+  const auto steps = steps_on_disk();
+  const auto keep = static_cast<std::size_t>(options_.keep_last());
+  for (std::size_t i = 0; i + keep < steps.size(); ++i) fs::remove_all(path_of(steps[i]));
+  // Leftovers of a writer that died mid-save (rank 0 is the only writer, and saves
+  // one at a time).
+  for (const auto& entry : fs::directory_iterator(directory_)) {
+    if (entry.path().filename().string().rfind(kTempPrefix, 0) == 0) fs::remove_all(entry.path());
+  }
+  fsync_directory(directory_);
+}
+
+std::optional<std::int64_t> Checkpointer::newest_good_step() const {
+  auto steps = steps_on_disk();
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    try {
+      read_verified(path_of(*it), *it);
+      if (it != steps.rbegin()) {
+        warn(fmt::format("falling back to the checkpoint {}", path_of(*it)));
+      }
+      return *it;
+    } catch (const DataError& e) {
+      warn(fmt::format("skipping the checkpoint {}: {}", path_of(*it), e.what()));
+    }
+  }
+  if (!steps.empty()) warn(fmt::format("no usable checkpoint in {}; starting afresh", directory_));
+  return std::nullopt;
+}
+
+std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
+                                                  torch::optim::Optimizer& optimizer,
+                                                  c10::Device device) {
+  // Rank 0 chooses, so that every rank loads the same checkpoint even if one is
+  // being damaged while they look.
+  auto chosen = torch::full({1}, std::int64_t{-1}, torch::dtype(torch::kInt64).device(device));
+  if (group_.rank() == 0) chosen.fill_(newest_good_step().value_or(-1));
+  group_.broadcast(chosen, 0);
+  const std::int64_t step = chosen.item<std::int64_t>();
+  if (step < 0) return std::nullopt;
+
+  const std::string path = path_of(step);
+  std::vector<std::string> contents;
+  TrainerState trainer;
+  std::string error;
+  try {
+    contents = read_verified(path, step);
+    trainer = decode_trainer_state(contents[2], path + "/trainer.pt");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (any_rank(group_, !error.empty(), device)) {
+    throw DataError(error.empty()
+                        ? fmt::format("another rank could not read the checkpoint {}; its log "
+                                      "says why",
+                                      path)
+                        : fmt::format("rank {} could not read the checkpoint {}: {}; every rank "
+                                      "reads what rank 0 wrote, so the directory must be on a "
+                                      "file system that every node shares",
+                                      group_.rank(), path, error));
+  }
+  load_state_dict(model, contents[0], path + "/model.pt");
+  load_optimizer(optimizer, contents[1], path + "/optimizer.pt", device);
+
+  Restored restored{trainer.progress, path, false};
+  if (static_cast<int>(trainer.rng.size()) == group_.size()) {
+    restore_rng_state(device, trainer.rng[static_cast<std::size_t>(group_.rank())]);
+    restored.rng_restored = true;
+  } else if (group_.rank() == 0) {
+    warn(fmt::format("{} was saved by {} ranks and is loaded by {}: the random generators keep "
+                     "their fresh state",
+                     path, trainer.rng.size(), group_.size()));
+  }
+  return restored;
+}
+
+}  // namespace cohort::checkpoint

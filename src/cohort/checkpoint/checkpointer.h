@@ -1,0 +1,97 @@
+#pragma once
+// Checkpoints of a training run: model, optimizer, sampler position, step, epoch and
+// every rank's random generators, so that a resumed run continues exactly where the
+// checkpoint was taken.
+//
+//   cohort::checkpoint::Checkpointer ckpt(dir, world.group(),
+//       cohort::checkpoint::CheckpointerOptions().keep_last(3));
+//   if (auto restored = ckpt.load_latest(*model, optimizer, world.device())) {
+//     step = restored->progress.step;  sampler.load_state(*restored->progress.sampler);
+//   }
+//   ...
+//   ckpt.save(*model, optimizer, {step, epoch, epoch_step, sampler.state()}, world.device());
+//
+// Both calls are collective: every rank of the group calls them. Rank 0 writes; every
+// rank reads, so with several nodes the directory must be on a shared file system.
+//
+// On disk, each checkpoint is a directory `step-<step>` holding
+//   model.pt       the state dict, readable by Python's torch.load (state_dict.h);
+//   optimizer.pt   LibTorch's serialized optimizer state;
+//   trainer.pt     step, epoch, sampler state and each rank's generator states;
+//   MANIFEST.json  the size and CRC-32 of each file, written last.
+// Note [Checkpoint directories]: the directory is written under a temporary name, each
+// file and the directory are fsync'ed, and it is renamed into place (Note [Atomic
+// replace]), so a `step-*` directory is always complete. The manifest's checksums
+// catch what atomicity cannot: a file damaged later (a bad disk, a truncating copy).
+// Loading checks them and falls back to the next older checkpoint, with a warning.
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cohort/comm/group.h"
+#include "cohort/data/distributed_sampler.h"
+
+namespace cohort::checkpoint {
+
+struct CheckpointerOptions {
+  // How many checkpoints to keep; older ones are removed after each save.
+  TORCH_ARG(int, keep_last) = 3;
+  // Where warnings go (a skipped corrupt checkpoint, generators not restored).
+  // Defaults to standard error.
+  TORCH_ARG(std::function<void(const std::string&)>, warn) = nullptr;
+};
+
+struct TrainingProgress {
+  std::int64_t step = 0;   // optimizer steps taken
+  std::int64_t epoch = 0;  // the epoch in progress
+  std::int64_t epoch_step = 0;  // optimizer steps taken in that epoch
+  std::optional<data::SamplerState> sampler;
+};
+
+struct Restored {
+  TrainingProgress progress;
+  std::string path;           // the checkpoint directory that was loaded
+  bool rng_restored = false;  // false when the world size changed since the save
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(std::string directory, comm::Group group, CheckpointerOptions options = {});
+
+  // Collective. Rank 0 writes the checkpoint of `progress.step` and removes the ones
+  // beyond keep_last; every rank returns the directory's path, or every rank throws if
+  // rank 0 could not write it.
+  std::string save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                   const TrainingProgress& progress, c10::Device device);
+
+  // Collective. Loads the newest checkpoint whose checksums hold into `model`,
+  // `optimizer` and this rank's generators; std::nullopt when there is none. Corrupt
+  // newer ones are skipped with a warning. A checkpoint from another model is a
+  // cohort::ConfigError (no fallback: an older one would not fit either).
+  std::optional<Restored> load_latest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                                      c10::Device device);
+
+  // Steps of the complete checkpoints on disk, oldest first (checksums not checked).
+  std::vector<std::int64_t> steps_on_disk() const;
+  std::string path_of(std::int64_t step) const;
+  const std::string& directory() const { return directory_; }
+
+ private:
+  void warn(const std::string& message) const;
+  std::optional<std::int64_t> newest_good_step() const;
+  void write(const std::string& final_path, const std::vector<std::string>& files,
+             const std::vector<std::string>& contents) const;
+  void prune() const;
+
+  std::string directory_;
+  comm::Group group_;
+  CheckpointerOptions options_;
+};
+
+}  // namespace cohort::checkpoint

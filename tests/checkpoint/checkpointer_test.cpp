@@ -1,0 +1,300 @@
+// Checkpoints: round trip, keeping the last K, falling back past damaged ones, a
+// model that does not fit, and ranks as threads (rank 0 writes, every rank loads).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cohort/checkpoint/atomic_file.h"
+#include "cohort/checkpoint/checkpointer.h"
+#include "cohort/checkpoint/state_dict.h"
+#include "cohort/checkpoint/trainer_state.h"
+#include "cohort/errors.h"
+#include "support/thread_world.h"
+
+namespace fs = std::filesystem;
+using namespace cohort::checkpoint;
+using cohort::testing::run_thread_world;
+
+namespace {
+
+std::string temp_dir() {
+  char pattern[] = "/tmp/cohort-ckpt-XXXXXX";
+  return mkdtemp(pattern);
+}
+
+torch::nn::Sequential make_model(int hidden = 8) {
+  return torch::nn::Sequential(torch::nn::Linear(4, hidden), torch::nn::ReLU(),
+                               torch::nn::Linear(hidden, 3));
+}
+
+void train_steps(torch::nn::Sequential& model, torch::optim::Optimizer& opt, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    model->forward(torch::randn({5, 4})).pow(2).sum().backward();
+    opt.step();
+  }
+}
+
+bool same_parameters(const torch::nn::Module& a, const torch::nn::Module& b) {
+  auto pa = a.parameters(), pb = b.parameters();
+  if (pa.size() != pb.size()) return false;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    if (!torch::equal(pa[i], pb[i])) return false;
+  }
+  return true;
+}
+
+cohort::data::SamplerState some_sampler_state() {
+  cohort::data::SamplerState s;
+  s.seed = 0xfedcba9876543210ULL;  // above 2^63: travels as a bit pattern
+  s.shuffle = true;
+  s.epoch = 3;
+  s.dataset_size = 1000;
+  s.consumed = 384;
+  return s;
+}
+
+struct Warnings {
+  std::vector<std::string> seen;
+  CheckpointerOptions options(int keep = 3) {
+    return CheckpointerOptions().keep_last(keep).warn([this](const std::string& w) { seen.push_back(w); });
+  }
+};
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += s + "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST(Checkpointer, RoundTripRestoresEverything) {
+  const auto dir = temp_dir();
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    torch::manual_seed(1);
+    auto model = make_model();
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+    train_steps(model, opt, 3);
+    Checkpointer ckpt(dir, world.group());
+    TrainingProgress progress{42, 3, 17, some_sampler_state()};
+    const auto path = ckpt.save(*model, opt, progress, torch::kCPU);
+    EXPECT_EQ(path, dir + "/step-000000042");
+    const auto after_save = torch::rand({4});  // the generator's next draws
+
+    torch::manual_seed(99);  // a different fresh process
+    auto restored_model = make_model();
+    torch::optim::Adam restored_opt(restored_model->parameters(), torch::optim::AdamOptions(1e-2));
+    auto restored = ckpt.load_latest(*restored_model, restored_opt, torch::kCPU);
+    ASSERT_TRUE(restored.has_value());
+    EXPECT_EQ(restored->path, path);
+    EXPECT_EQ(restored->progress.step, 42);
+    EXPECT_EQ(restored->progress.epoch, 3);
+    EXPECT_EQ(restored->progress.epoch_step, 17);
+    ASSERT_TRUE(restored->progress.sampler.has_value());
+    EXPECT_EQ(restored->progress.sampler->seed, 0xfedcba9876543210ULL);
+    EXPECT_EQ(restored->progress.sampler->consumed, 384);
+    EXPECT_EQ(restored->progress.sampler->dataset_size, 1000);
+    EXPECT_EQ(restored->progress.sampler->epoch, 3);
+    EXPECT_TRUE(restored->rng_restored);
+    EXPECT_TRUE(torch::equal(torch::rand({4}), after_save));
+    EXPECT_TRUE(same_parameters(*model, *restored_model));
+    // Adam's moments and step counts came back: the same next steps give the same weights.
+    torch::manual_seed(7);
+    train_steps(model, opt, 2);
+    torch::manual_seed(7);
+    train_steps(restored_model, restored_opt, 2);
+    EXPECT_TRUE(same_parameters(*model, *restored_model));
+  });
+  fs::remove_all(dir);
+}
+
+TEST(Checkpointer, NothingToLoad) {
+  const auto dir = temp_dir();
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Checkpointer ckpt(dir + "/not-yet", world.group());
+    EXPECT_FALSE(ckpt.load_latest(*model, opt, torch::kCPU).has_value());
+  });
+  fs::remove_all(dir);
+}
+
+TEST(Checkpointer, KeepsTheLastKAndClearsLeftovers) {
+  const auto dir = temp_dir();
+  fs::create_directories(dir + "/.tmp-step-000000005.999");  // a dead writer's
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Warnings w;
+    Checkpointer ckpt(dir, world.group(), w.options(2));
+    for (int step = 10; step <= 50; step += 10) ckpt.save(*model, opt, {step, 0, 0, {}}, torch::kCPU);
+    EXPECT_EQ(ckpt.steps_on_disk(), (std::vector<std::int64_t>{40, 50}));
+    // Saving a step again (a resumed run) replaces it.
+    ckpt.save(*model, opt, {50, 1, 0, {}}, torch::kCPU);
+    EXPECT_EQ(ckpt.steps_on_disk(), (std::vector<std::int64_t>{40, 50}));
+    EXPECT_EQ(ckpt.load_latest(*model, opt, torch::kCPU)->progress.epoch, 1);
+  });
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
+  }
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// Saves steps 10, 20, 30, each with every weight equal to its step, damages step 30
+// with `damage`, and returns what load_latest found plus the warnings.
+std::pair<std::int64_t, std::string> load_after_damage(const std::function<void(const std::string&)>& damage) {
+  const auto dir = temp_dir();
+  std::int64_t loaded = -1;
+  Warnings w;
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    Checkpointer ckpt(dir, world.group(), w.options(3));
+    for (int step = 10; step <= 30; step += 10) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.fill_(step);
+      ckpt.save(*model, opt, {step, 0, 0, {}}, torch::kCPU);
+    }
+    damage(ckpt.path_of(30));
+    auto fresh = make_model();
+    torch::optim::SGD fresh_opt(fresh->parameters(), 0.1);
+    auto restored = ckpt.load_latest(*fresh, fresh_opt, torch::kCPU);
+    ASSERT_TRUE(restored.has_value());
+    loaded = restored->progress.step;
+    for (auto& p : fresh->parameters()) EXPECT_TRUE(p.eq(static_cast<double>(loaded)).all().item<bool>());
+  });
+  fs::remove_all(dir);
+  return {loaded, joined(w.seen)};
+}
+
+}  // namespace
+
+TEST(Checkpointer, FallsBackPastATruncatedCheckpoint) {
+  auto [step, warnings] = load_after_damage([](const std::string& path) {
+    fs::resize_file(path + "/model.pt", fs::file_size(path + "/model.pt") / 2);
+  });
+  EXPECT_EQ(step, 20);
+  EXPECT_NE(warnings.find("step-000000030/model.pt"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("truncated"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("falling back to the checkpoint"), std::string::npos) << warnings;
+}
+
+TEST(Checkpointer, FallsBackPastAFlippedBit) {
+  for (const char* file : {"model.pt", "optimizer.pt", "trainer.pt"}) {
+    auto [step, warnings] = load_after_damage([file](const std::string& path) {
+      std::fstream f(path + "/" + file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(100);
+      char c;
+      f.get(c);
+      f.seekp(100);
+      f.put(static_cast<char>(c ^ 0x04));
+    });
+    EXPECT_EQ(step, 20) << file;
+    EXPECT_NE(warnings.find(std::string(file) + " fails its CRC-32"), std::string::npos) << warnings;
+  }
+}
+
+TEST(Checkpointer, FallsBackPastAMissingManifest) {
+  auto [step, warnings] = load_after_damage([](const std::string& path) { fs::remove(path + "/MANIFEST.json"); });
+  EXPECT_EQ(step, 20);
+  EXPECT_NE(warnings.find("MANIFEST.json"), std::string::npos) << warnings;
+}
+
+TEST(Checkpointer, AnotherModelIsAConfigErrorThatNamesTheKey) {
+  const auto dir = temp_dir();
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    auto model = make_model(8);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Checkpointer ckpt(dir, world.group());
+    ckpt.save(*model, opt, {1, 0, 0, {}}, torch::kCPU);
+    auto other = make_model(16);
+    torch::optim::SGD other_opt(other->parameters(), 0.1);
+    const auto before = other->parameters()[0].clone();
+    try {
+      ckpt.load_latest(*other, other_opt, torch::kCPU);
+      ADD_FAILURE() << "no error";
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'0.weight'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("another model"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(torch::equal(before, other->parameters()[0]));  // left unchanged
+  });
+  fs::remove_all(dir);
+}
+
+TEST(Checkpointer, RankZeroWritesEveryRankLoads) {
+  const auto dir = temp_dir();
+  torch::manual_seed(3);
+  auto reference = make_model();
+  run_thread_world(2, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < model->parameters().size(); ++i) {
+        // Only rank 0's weights may reach the file.
+        model->parameters()[i].copy_(world.rank() == 0 ? reference->parameters()[i]
+                                                       : torch::zeros_like(reference->parameters()[i]));
+      }
+    }
+    Checkpointer ckpt(dir, world.group());
+    ckpt.save(*model, opt, {7, 0, 0, {}}, torch::kCPU);
+    auto fresh = make_model();
+    torch::optim::SGD fresh_opt(fresh->parameters(), 0.1);
+    auto restored = ckpt.load_latest(*fresh, fresh_opt, torch::kCPU);
+    ASSERT_TRUE(restored.has_value());
+    EXPECT_EQ(restored->progress.step, 7);
+    EXPECT_TRUE(same_parameters(*fresh, *reference)) << "rank " << world.rank();
+  });
+  // Both ranks' generator states are in the file.
+  const auto state = decode_trainer_state(read_whole_file(dir + "/step-000000007/trainer.pt"), "trainer.pt");
+  EXPECT_EQ(state.rng.size(), 2u);
+  // Loaded by one rank, the generators cannot be matched to ranks and keep their state.
+  Warnings w;
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    auto fresh = make_model();
+    torch::optim::SGD fresh_opt(fresh->parameters(), 0.1);
+    Checkpointer ckpt(dir, world.group(), w.options());
+    auto restored = ckpt.load_latest(*fresh, fresh_opt, torch::kCPU);
+    ASSERT_TRUE(restored.has_value());
+    EXPECT_FALSE(restored->rng_restored);
+    EXPECT_TRUE(same_parameters(*fresh, *reference));
+  });
+  EXPECT_NE(joined(w.seen).find("saved by 2 ranks and is loaded by 1"), std::string::npos) << joined(w.seen);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpointer, BadOptionsAndUnwritableDirectory) {
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    EXPECT_THROW(Checkpointer("/tmp/x", world.group(), CheckpointerOptions().keep_last(0)), cohort::ConfigError);
+    auto model = make_model();
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Checkpointer ckpt("/proc/cohort-cannot-write-here", world.group());
+    try {
+      ckpt.save(*model, opt, {1, 0, 0, {}}, torch::kCPU);
+      ADD_FAILURE() << "no error";
+    } catch (const cohort::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("could not write the checkpoint /proc/cohort-cannot-write-here"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(StateDict, SavedFileLoadsBackAndChecksNames) {
+  const auto dir = temp_dir();
+  torch::manual_seed(5);
+  auto model = make_model();
+  save_state_dict(*model, dir + "/w.pt");
+  auto other = make_model();
+  load_state_dict_file(*other, dir + "/w.pt");
+  EXPECT_TRUE(same_parameters(*model, *other));
+  fs::resize_file(dir + "/w.pt", 100);
+  EXPECT_THROW(load_state_dict_file(*other, dir + "/w.pt"), cohort::DataError);
+  fs::remove_all(dir);
+}

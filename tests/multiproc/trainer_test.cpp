@@ -1,0 +1,161 @@
+// The Fashion-MNIST trainer as a user runs it, through `cohort run`: world 2 equals
+// world 1 with twice the batch, a run killed with kill -9 and resumed ends with the
+// same weights as one never interrupted, and Python's torch.load reads what it saves.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "support/subprocess.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char pattern[] = "/tmp/cohort-trainer-XXXXXX";
+    path = mkdtemp(pattern);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::vector<std::string> trainer(int nproc, const std::vector<std::string>& args) {
+  std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", std::to_string(nproc), "--stop-timeout",
+                                "3", COHORT_TRAINER_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+cohort::testing::ProcessResult run_trainer(int nproc, const std::vector<std::string>& args) {
+  return cohort::testing::run_process(trainer(nproc, args), 240s, {{"COHORT_TIMEOUT", "60"}});
+}
+
+std::string describe(const cohort::testing::ProcessResult& r) {
+  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) +
+         (r.timed_out ? " TIMED OUT" : "") + "\n--- stdout\n" + r.out + "\n--- stderr\n" + r.err;
+}
+
+c10::Dict<c10::IValue, c10::IValue> load_state(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return torch::pickle_load(bytes).toGenericDict();
+}
+
+// The largest elementwise difference between two state dicts with the same keys.
+double max_difference(const std::string& a, const std::string& b) {
+  auto da = load_state(a), db = load_state(b);
+  EXPECT_EQ(da.size(), db.size());
+  double worst = 0;
+  for (const auto& entry : da) {
+    const auto other = db.find(entry.key());
+    if (other == db.end()) {
+      ADD_FAILURE() << "missing " << entry.key().toStringRef();
+      continue;
+    }
+    worst = std::max(worst, (entry.value().toTensor() - other->value().toTensor()).abs().max().item<double>());
+  }
+  return worst;
+}
+
+bool bitwise_equal(const std::string& a, const std::string& b) {
+  auto da = load_state(a), db = load_state(b);
+  if (da.size() != db.size()) return false;
+  for (const auto& entry : da) {
+    const auto other = db.find(entry.key());
+    if (other == db.end() || !torch::equal(entry.value().toTensor(), other->value().toTensor())) return false;
+  }
+  return true;
+}
+
+const std::vector<std::string> kQuick = {"--epochs", "1", "--limit-train-batches", "8", "--optimizer", "sgd",
+                                         "--lr",     "0.05", "--seed", "11"};
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+}  // namespace
+
+TEST(Trainer, WorldTwoEqualsWorldOneWithTwiceTheBatch) {
+  TempDir dir;
+  const auto two = dir.path + "/two.pt", one = dir.path + "/one.pt", half = dir.path + "/half.pt";
+  auto r2 = run_trainer(2, with(kQuick, {"--batch-size", "16", "--save-final", two}));
+  ASSERT_EQ(r2.exit_code, 0) << describe(r2);
+  auto r1 = run_trainer(1, with(kQuick, {"--batch-size", "32", "--save-final", one}));
+  ASSERT_EQ(r1.exit_code, 0) << describe(r1);
+  // World 2 × 16 saw exactly the samples of world 1 × 32, in the same steps.
+  EXPECT_LT(max_difference(two, one), 1e-5);
+  // The comparison can tell runs apart: world 1 with the smaller batch trains differently.
+  auto r3 = run_trainer(1, with(kQuick, {"--batch-size", "16", "--save-final", half}));
+  ASSERT_EQ(r3.exit_code, 0) << describe(r3);
+  EXPECT_GT(max_difference(two, half), 1e-3);
+  // Rank 0 ends with one JSON line.
+  EXPECT_NE(r2.out.find("[rank0]: {\"device\":\"cpu\""), std::string::npos) << r2.out;
+  EXPECT_NE(r2.out.find("\"world_size\":2"), std::string::npos) << r2.out;
+}
+
+TEST(Trainer, KilledAndResumedEqualsUninterrupted) {
+  TempDir dir;
+  const std::vector<std::string> args = {"--deterministic", "--epochs", "2", "--limit-train-batches", "15",
+                                         "--batch-size", "32", "--checkpoint-every", "4", "--seed", "5"};
+  const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
+  auto r = run_trainer(2, with(args, {"--checkpoint-dir", dir.path + "/a", "--save-final", straight}));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+
+  // The same run, killed with SIGKILL (launcher and workers) once step 8's checkpoint exists.
+  const std::string ckpt = dir.path + "/b";
+  {
+    cohort::testing::Subprocess run(trainer(2, with(args, {"--checkpoint-dir", ckpt, "--save-final", resumed})),
+                                    {{"COHORT_TIMEOUT", "60"}});
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (!fs::exists(ckpt + "/step-000000008") && std::chrono::steady_clock::now() < deadline) {
+      run.read_until([](const std::string&) { return false; }, 5ms);
+    }
+    ASSERT_TRUE(fs::exists(ckpt + "/step-000000008")) << run.out();
+    ::kill(-run.pid(), SIGKILL);
+    auto killed = run.finish(30s);
+    ASSERT_EQ(killed.signal, SIGKILL) << describe(killed);
+  }
+  ASSERT_FALSE(fs::exists(resumed)) << "the run ended before it was killed";
+
+  auto again = run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--save-final", resumed}));
+  ASSERT_EQ(again.exit_code, 0) << describe(again);
+  EXPECT_NE(again.out.find("[rank0]: resuming from " + ckpt + "/step-"), std::string::npos) << again.out;
+  EXPECT_TRUE(bitwise_equal(straight, resumed)) << "largest difference " << max_difference(straight, resumed);
+}
+
+TEST(Trainer, PythonLoadsTheSavedStateDict) {
+  TempDir dir;
+  const auto saved = dir.path + "/final.pt", resaved = dir.path + "/resaved.pt";
+  auto r = run_trainer(1, with(kQuick, {"--batch-size", "64", "--save-final", saved}));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  auto py = cohort::testing::run_process(
+      {COHORT_PYTHON_PATH, COHORT_CHECK_STATE_DICT_PATH, saved, "/usr/share/datasets/fashion-mnist", resaved}, 120s);
+  ASSERT_EQ(py.exit_code, 0) << describe(py);
+  EXPECT_NE(py.out.find(R"("keys": ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", )"
+                        R"("fc1.bias", "fc2.weight", "fc2.bias"])"),
+            std::string::npos)
+      << py.out;
+  // What Python saved back is bitwise what C++ wrote.
+  EXPECT_TRUE(bitwise_equal(saved, resaved));
+}
+
+TEST(Trainer, BadFlagsExitTwoNamingTheFlag) {
+  auto r = cohort::testing::run_process({COHORT_TRAINER_PATH, "--batch-size", "0"}, 30s);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--batch-size"), std::string::npos) << r.err;
+  auto d = cohort::testing::run_process({COHORT_TRAINER_PATH, "--device", "tpu"}, 30s);
+  EXPECT_EQ(d.exit_code, 2) << describe(d);
+  EXPECT_NE(d.err.find("--device"), std::string::npos) << d.err;
+  auto m = run_trainer(1, {"--data-dir", "/nonexistent/fmnist"});
+  EXPECT_NE(m.exit_code, 0);
+  EXPECT_NE(m.err.find("dataset-fashion-mnist"), std::string::npos) << describe(m);
+}
