@@ -4,7 +4,10 @@ BUILD       ?= build
 BUILD_TYPE  ?= RelWithDebInfo
 JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
-NPROC       ?= 4
+NPROC       ?= 2
+EPOCHS      ?= 2
+DEVICE      ?= auto
+RUN_DIR     ?= $(BUILD)/fashion_mnist_run
 COHORT       = $(BUILD)/tools/cohort/cohort
 
 export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
@@ -24,9 +27,14 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Until the Fashion-MNIST trainer lands, the main job is the all-reduce demo.
+# The main job: the Fashion-MNIST trainer on 2 processes for 2 epochs, on the GPU when
+# LibTorch has CUDA and one is visible (DEVICE=auto), else on the CPU. Interrupt it
+# and `make run` again resumes from the last checkpoint; a finished run starts over.
 run: build
-	$(COHORT) run --nproc-per-node $(NPROC) $(BUILD)/examples/hello_allreduce
+	@if [ -f $(RUN_DIR)/final.pt ]; then rm -rf $(RUN_DIR); fi
+	$(COHORT) run --nproc-per-node $(NPROC) $(BUILD)/examples/fashion_mnist/fashion_mnist \
+	  --epochs $(EPOCHS) --device $(DEVICE) --checkpoint-dir $(RUN_DIR)/checkpoints \
+	  --checkpoint-every 200 --save-final $(RUN_DIR)/final.pt
 
 test: build
 	scripts/run-tests $(BUILD)

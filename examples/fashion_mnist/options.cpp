@@ -33,7 +33,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--save-final", o.save_final, "Write the final weights here, as a state dict for torch.load");
   app.add_option("--limit-train-batches", o.limit_train_batches, "Steps per epoch at most (0: all), for quick runs")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device", o.device, "cpu, cuda, or auto (cuda when LibTorch has it and a GPU is visible)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_flag("--deterministic", o.deterministic,
                "Bitwise-reproducible: same seed and world size, same final weights, also across a resume");
   app.add_option("--log-interval", o.log_interval_s, "Seconds between progress lines when not on a terminal")

@@ -29,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 using cohort::data::FashionMnist;
 
 c10::Device choose_device(const TrainerOptions& o, const cohort::comm::World& world) {
-  if (o.device == "cpu") return torch::kCPU;
+  if (o.device == "cpu" || (o.device == "auto" && !torch::cuda::is_available())) return torch::kCPU;
   if (!torch::cuda::is_available()) {
     throw cohort::ConfigError(
         "--device cuda: no CUDA device is usable (this LibTorch has no CUDA, or no GPU is "

@@ -5,12 +5,17 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <random>
+
+#include <signal.h>
 
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/checkpoint/checkpointer.h"
 #include "cohort/checkpoint/state_dict.h"
 #include "cohort/checkpoint/trainer_state.h"
 #include "cohort/errors.h"
+#include "support/subprocess.h"
 #include "support/thread_world.h"
 
 namespace fs = std::filesystem;
@@ -296,5 +301,66 @@ TEST(StateDict, SavedFileLoadsBackAndChecksNames) {
   EXPECT_TRUE(same_parameters(*model, *other));
   fs::resize_file(dir + "/w.pt", 100);
   EXPECT_THROW(load_state_dict_file(*other, dir + "/w.pt"), cohort::DataError);
+  fs::remove_all(dir);
+}
+
+bool has_temporary_entry(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().filename().string().rfind(".tmp-", 0) == 0) return true;
+  }
+  return false;
+}
+
+// kill -9 at random moments of a writer that saves in a loop: whatever is on disk
+// afterwards either loads exactly what was saved at its step, or is skipped.
+TEST(Checkpointer, KillDuringSaveNeverLeavesABadCheckpoint) {
+  using namespace std::chrono_literals;
+  const auto dir = temp_dir();
+  std::mt19937 random(12345);
+  std::int64_t last_durable = 0;
+  int caught_mid_save = 0;  // rounds whose kill left a half-written checkpoint
+  constexpr int kRounds = 12;
+  for (int round = 0; round < kRounds; ++round) {
+    {
+      cohort::testing::Subprocess writer({COHORT_CHECKPOINT_WRITER_PATH, dir});
+      // Wait for this round's first save. Then, in odd rounds, kill as soon as a
+      // temporary directory shows that a save is under way; in even rounds, at a random
+      // moment.
+      ASSERT_TRUE(writer.read_until([](const std::string& out) { return out.find("saved ") != std::string::npos; }, 60s))
+          << writer.out();
+      if (round % 2 == 1) {
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (!has_temporary_entry(dir) && std::chrono::steady_clock::now() < deadline) {
+          writer.read_until([](const std::string&) { return false; }, 0ms);
+        }
+      } else {
+        writer.read_until([](const std::string&) { return false; },
+                          std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 60)(random)));
+      }
+      ::kill(writer.pid(), SIGKILL);
+      auto result = writer.finish(30s);
+      ASSERT_EQ(result.signal, SIGKILL) << result.out << result.err;
+      // The last "saved N" line was printed after N was durable.
+      const auto at = result.out.rfind("saved ");
+      last_durable = std::stoll(result.out.substr(at + 6));
+    }
+    if (has_temporary_entry(dir)) ++caught_mid_save;
+    run_thread_world(1, [&](cohort::comm::World& world) {
+      auto model = torch::nn::Sequential(torch::nn::Linear(512, 512), torch::nn::Linear(512, 512),
+                                         torch::nn::Linear(512, 512), torch::nn::Linear(512, 512));
+      torch::optim::Adam optimizer(model->parameters(), 1e-3);
+      Checkpointer ckpt(dir, world.group());
+      auto restored = ckpt.load_latest(*model, optimizer, torch::kCPU);
+      ASSERT_TRUE(restored.has_value()) << "round " << round;
+      EXPECT_GE(restored->progress.step, last_durable) << "round " << round;
+      for (auto& p : model->parameters()) {
+        EXPECT_TRUE(p.eq(static_cast<double>(restored->progress.step)).all().item<bool>()) << "round " << round;
+      }
+    });
+  }
+  // The test is only worth something if kills landed inside saves.
+  EXPECT_GE(caught_mid_save, 3);
+  std::cout << caught_mid_save << " of " << kRounds << " kills landed inside a save\n";
   fs::remove_all(dir);
 }

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "cohort/launcher/failure.h"
 #include "cohort/launcher/line_splitter.h"
+#include "cohort/launcher/output_router.h"
 #include "cohort/launcher/static_rendezvous.h"
 #include "cohort/launcher/worker_env.h"
 
@@ -54,6 +57,60 @@ TEST(LineSplitter, JoinsChunksAndFlushesTheTail) {
   EXPECT_EQ(lines, (std::vector<std::string>{"hello", "world", ""}));
   s.finish(emit);
   EXPECT_EQ(lines.back(), "end");
+}
+
+TEST(LineSplitter, CarriageReturnsEndStatusSegmentsOnlyWhenAsked) {
+  LineSplitter s;
+  std::vector<std::string> lines, status;
+  const std::string text = "\rstep 1\rstep 2\nsummary\n";
+  s.feed(text.data(), text.size(), [&](const std::string& l) { lines.push_back(l); },
+         [&](const std::string& l) { status.push_back(l); });
+  EXPECT_EQ(status, (std::vector<std::string>{"step 1"}));
+  EXPECT_EQ(lines, (std::vector<std::string>{"step 2", "summary"}));
+  LineSplitter plain;
+  lines.clear();
+  plain.feed(text.data(), text.size(), [&](const std::string& l) { lines.push_back(l); });
+  EXPECT_EQ(lines, (std::vector<std::string>{"\rstep 1\rstep 2", "summary"}));
+}
+
+// What the router writes to a console (a terminal or not) and to a log file for a
+// worker that redraws a progress line.
+std::pair<std::string, std::string> route_progress(bool console_is_tty) {
+  int source[2], console[2], log[2];
+  EXPECT_EQ(::pipe(source), 0);
+  EXPECT_EQ(::pipe(console), 0);
+  EXPECT_EQ(::pipe(log), 0);
+  OutputRouter router;
+  OutputRouter::Route r;
+  r.source_fd = source[0];
+  r.console_fd = console[1];
+  r.log_fd = log[1];
+  r.prefix = "[rank0]: ";
+  r.console_is_tty = console_is_tty;
+  router.add(r);
+  const std::string text = "\rstep 1\x1b[K\rstep 2\x1b[K\nsummary\n";
+  EXPECT_EQ(::write(source[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  ::close(source[1]);
+  while (!router.open_fds().empty()) router.pump(source[0]);  // closes the log at the end
+  ::close(console[1]);
+  auto drain = [](int fd) {
+    std::string out;
+    char buf[256];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    return out;
+  };
+  return {drain(console[0]), drain(log[0])};
+}
+
+TEST(OutputRouter, DrawsStatusInPlaceOnATerminalOnly) {
+  auto [tty, tty_log] = route_progress(true);
+  EXPECT_EQ(tty, "\r[rank0]: step 1\x1b[K\r\x1b[K[rank0]: step 2\x1b[K\n[rank0]: summary\n");
+  EXPECT_EQ(tty_log, "step 2\x1b[K\nsummary\n");  // no redraws in the log
+  auto [plain, plain_log] = route_progress(false);
+  EXPECT_EQ(plain, "[rank0]: step 1\x1b[K\n[rank0]: step 2\x1b[K\n[rank0]: summary\n");
+  EXPECT_EQ(plain_log, tty_log);
 }
 
 TEST(LineSplitter, SplitsOverlongLines) {

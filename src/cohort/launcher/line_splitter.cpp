@@ -2,10 +2,15 @@
 
 namespace cohort::launcher {
 
-void LineSplitter::feed(const char* data, std::size_t size, const Emit& emit) {
+void LineSplitter::feed(const char* data, std::size_t size, const Emit& emit, const Emit& status) {
   for (std::size_t i = 0; i < size; ++i) {
     if (data[i] == '\n') {
       emit(pending_);
+      pending_.clear();
+      continue;
+    }
+    if (data[i] == '\r' && status) {
+      if (!pending_.empty()) status(pending_);
       pending_.clear();
       continue;
     }

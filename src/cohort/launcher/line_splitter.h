@@ -13,7 +13,10 @@ class LineSplitter {
   static constexpr std::size_t kMaxLine = 64 * 1024;
   using Emit = std::function<void(const std::string& line)>;  // without the '\n'
 
-  void feed(const char* data, std::size_t size, const Emit& emit);
+  // With `status`, a carriage return ends a status segment (a progress line that a
+  // terminal redraws in place), passed to `status` without the '\r'; empty segments
+  // are dropped. Without it, '\r' is an ordinary character.
+  void feed(const char* data, std::size_t size, const Emit& emit, const Emit& status = nullptr);
   // End of stream: emits a last line that had no newline.
   void finish(const Emit& emit);
 

@@ -27,9 +27,24 @@ void OutputRouter::add(Route route) {
   streams_.push_back(std::move(s));
 }
 
-void OutputRouter::emit(const Stream& s, const std::string& line) const {
-  if (s.route.console_fd >= 0) write_all(s.route.console_fd, s.route.prefix + line + "\n");
+void OutputRouter::emit(const Stream& s, const std::string& line) {
+  if (s.route.console_fd >= 0) {
+    // "\r" then "erase line" clears an open status line (Note [Progress lines]).
+    const bool clear = status_console_ == s.route.console_fd;
+    write_all(s.route.console_fd, (clear ? "\r\x1b[K" : "") + s.route.prefix + line + "\n");
+    if (clear) status_console_ = -1;
+  }
   if (s.route.log_fd >= 0) write_all(s.route.log_fd, line + "\n");
+}
+
+void OutputRouter::emit_status(const Stream& s, const std::string& text) {
+  if (s.route.console_fd < 0) return;
+  if (!s.route.console_is_tty) {
+    write_all(s.route.console_fd, s.route.prefix + text + "\n");
+    return;
+  }
+  write_all(s.route.console_fd, "\r" + s.route.prefix + text);
+  status_console_ = s.route.console_fd;
 }
 
 void OutputRouter::close(Stream& s) {
@@ -49,7 +64,9 @@ bool OutputRouter::pump(int fd) {
       n = ::read(fd, buf, sizeof buf);
     } while (n < 0 && errno == EINTR);
     if (n > 0)
-      s.splitter.feed(buf, static_cast<std::size_t>(n), [&](const std::string& line) { emit(s, line); });
+      s.splitter.feed(
+          buf, static_cast<std::size_t>(n), [&](const std::string& line) { emit(s, line); },
+          [&](const std::string& text) { emit_status(s, text); });
     else if (n == 0 || errno != EAGAIN)
       close(s);
     return true;

@@ -47,8 +47,13 @@ void WorkerGroup::spawn_all(const comm::EnvMap& env, const std::string& program,
     fs::create_directories(worker_dir);
     auto error_file = (worker_dir / "error.json").string();
     fs::remove(error_file);
-    auto proc = WorkerProcess::spawn(
-        {program, options_.program_args, worker_environment(env, options_, slot, context, error_file)});
+    auto worker_env = worker_environment(env, options_, slot, context, error_file);
+    // The worker's stdout is a pipe; tell it when what it prints lands on a terminal
+    // (Note [Progress lines]).
+    if (console_is_tty(STDOUT_FILENO) && shown_on_console(options_.redirects.stdout_for(local), slot)) {
+      worker_env["COHORT_CONSOLE_TTY"] = "1";
+    }
+    auto proc = WorkerProcess::spawn({program, options_.program_args, worker_env});
     Worker w{proc, {}, false};
     w.outcome.slot = slot;
     w.outcome.pid = proc.pid();
@@ -61,12 +66,18 @@ void WorkerGroup::spawn_all(const comm::EnvMap& env, const std::string& program,
   }
 }
 
+bool WorkerGroup::shown_on_console(bool redirected, const WorkerSlot& slot) const {
+  return !redirected && (!options_.local_ranks_filter || options_.local_ranks_filter->count(slot.local_rank));
+}
+
+bool WorkerGroup::console_is_tty(int console) { return ::isatty(console) == 1; }
+
 void WorkerGroup::route(int source, int console, bool redirected, bool teed, const fs::path& log,
                         const WorkerSlot& slot) {
   OutputRouter::Route r;
   r.source_fd = source;
-  bool shown = !redirected && (!options_.local_ranks_filter || options_.local_ranks_filter->count(slot.local_rank));
-  r.console_fd = shown ? console : -1;
+  r.console_fd = shown_on_console(redirected, slot) ? console : -1;
+  r.console_is_tty = console_is_tty(console);
   r.log_fd = (redirected || teed) ? open_log(log) : -1;
   r.prefix = fmt::format("[rank{}]: ", slot.rank);
   router_.add(r);
