@@ -33,6 +33,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--save-final", o.save_final, "Write the final weights here, as a state dict for torch.load");
   app.add_option("--limit-train-batches", o.limit_train_batches, "Steps per epoch at most (0: all), for quick runs")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-steps", o.max_steps,
+                 "Stop after this many steps in all, counting those before a resume, with a checkpoint "
+                 "there (0: run every epoch); a later run without it continues")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--device", o.device, "cpu, cuda, or auto (cuda when LibTorch has it and a GPU is visible)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_flag("--deterministic", o.deterministic,

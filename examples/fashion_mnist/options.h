@@ -19,6 +19,7 @@ struct TrainerOptions {
   int keep_checkpoints = 3;
   std::string save_final;  // a Python-loadable state dict
   std::int64_t limit_train_batches = 0;  // per epoch; 0: all
+  std::int64_t max_steps = 0;  // stop after this many steps in all (with a checkpoint); 0: never
   std::string device = "cpu";  // cpu | cuda | auto
   bool deterministic = false;
   double log_interval_s = 5.0;  // seconds between plain progress lines

@@ -36,8 +36,10 @@ void Progress::show(const ProgressSnapshot& s, bool force) {
   if (!force && since < (interactive_ ? kRedrawInterval : interval_s_)) return;
   last_ = now;
   if (interactive_) {
-    // Carriage return, the line, then "erase to the end of the line".
-    out_ << '\r' << format_progress(s) << "\x1b[K" << std::flush;
+    // The line, "erase to the end of the line", then a carriage return, so the next
+    // redraw starts at the left edge. Under `cohort run` the '\r' ends the status
+    // segment at once (Note [Progress lines]).
+    out_ << format_progress(s) << "\x1b[K\r" << std::flush;
     line_open_ = true;
   } else {
     out_ << format_progress(s) << std::endl;

@@ -48,12 +48,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o,
   return std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(o.lr));
 }
 
-// Cosine decay from the peak to zero over the whole run, by global step, so that a
-// resumed run uses the same rate at the same step.
-double learning_rate(const TrainerOptions& o, std::int64_t step, std::int64_t total_steps) {
-  if (o.schedule == "constant" || total_steps <= 0) return o.lr;
-  const double progress = std::min(1.0, static_cast<double>(step) / static_cast<double>(total_steps));
-  return o.lr * 0.5 * (1.0 + std::cos(M_PI * progress));
+// Cosine decay from the peak to zero over the run. It follows the fraction of the
+// run's samples already trained, not the step count, so that a run resumed at
+// another world size (other steps, same samples) continues the same curve, and a
+// resumed run computes bitwise the same rates as one never interrupted.
+double learning_rate(const TrainerOptions& o, double fraction_done) {
+  if (o.schedule == "constant") return o.lr;
+  return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(fraction_done, 0.0, 1.0)));
 }
 
 double peak_rss_mb() {
@@ -63,6 +64,9 @@ double peak_rss_mb() {
 }
 
 void make_deterministic() {
+  // cuBLAS is deterministic only with a fixed workspace, which must be chosen before
+  // its first handle exists.
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   // Note [Deterministic training]: every kernel must pick the same algorithm and the
   // same reduction order in every run. The buckets' all-reduce sums each element over
   // the ranks; cohort's buckets keep the same composition from run to run once built,
@@ -106,17 +110,25 @@ int train(const TrainerOptions& o) {
     }
   }
 
+  // Note [Resume on another world size]: the sampler's state counts samples of the
+  // epoch over all ranks, so a run resumed by more or fewer processes continues at the
+  // next sample of the epoch with the rest re-sharded, and the learning rate follows
+  // samples too. Steps per epoch differ (the batch is per rank); the saved
+  // epoch_step is for people, never used to resume.
   // Every rank now holds the same weights; the wrapper checks that and broadcasts
   // rank 0's anyway.
   cohort::ddp::DistributedDataParallel ddp(model, world.group());
   auto loader = torch::data::make_data_loader(
       train_set, sampler, torch::data::DataLoaderOptions().batch_size(static_cast<std::size_t>(o.batch_size)));
 
-  const auto world_size = static_cast<std::size_t>(world.size());
-  const auto shard = (train_set.size().value() + world_size - 1) / world_size;
-  auto steps_per_epoch = static_cast<std::int64_t>((shard + o.batch_size - 1) / o.batch_size);
-  if (o.limit_train_batches > 0) steps_per_epoch = std::min(steps_per_epoch, o.limit_train_batches);
-  const std::int64_t total_steps = steps_per_epoch * o.epochs;
+  // Samples per epoch over all ranks: the padded dataset, or the --limit-train-batches
+  // share of it.
+  const std::int64_t world_size = world.size();
+  const auto n = static_cast<std::int64_t>(train_set.size().value());
+  const std::int64_t global_batch = o.batch_size * world_size;
+  std::int64_t epoch_samples = (n + world_size - 1) / world_size * world_size;
+  if (o.limit_train_batches > 0) epoch_samples = std::min(epoch_samples, o.limit_train_batches * global_batch);
+  const double run_samples = static_cast<double>(epoch_samples) * o.epochs;
 
   Progress bar(std::cout, Progress::stdout_is_interactive(), o.log_interval_s);
   // Training time excludes evaluation and checkpoints, so samples/s is the training rate.
@@ -125,9 +137,10 @@ int train(const TrainerOptions& o) {
   auto pause = [&] { train_s += std::chrono::duration<double>(Clock::now() - mark).count(); };
   auto resume = [&] { mark = Clock::now(); };
   std::int64_t samples_this_run = 0;  // by all ranks, since this process started
-  double running_loss = 0;
+  double running_loss = -1;
   Evaluation last_eval;
   bool evaluated = false;
+  bool stopped = false;  // by --max-steps
 
   auto save = [&](std::int64_t epoch, std::int64_t epoch_step) {
     progress.epoch = epoch;
@@ -138,34 +151,51 @@ int train(const TrainerOptions& o) {
     resume();
   };
 
-  for (std::int64_t epoch = progress.epoch; epoch < o.epochs; ++epoch) {
+  for (std::int64_t epoch = progress.epoch; epoch < o.epochs && !stopped; ++epoch) {
     sampler.set_epoch(epoch);
-    std::int64_t epoch_step = epoch == progress.epoch ? progress.epoch_step : 0;
-    for (auto& batch : *loader) {
-      if (epoch_step >= steps_per_epoch) break;
-      optimizer->param_groups()[0].options().set_lr(learning_rate(o, progress.step, total_steps));
+    // After a resume the epoch starts part-way: `done` samples of it are trained, on
+    // whatever world size the checkpoint was written by (Note [Resume on another
+    // world size]).
+    std::int64_t done = sampler.state().consumed;
+    std::int64_t epoch_step = done / global_batch;
+    std::int64_t steps_in_epoch = epoch_step + static_cast<std::int64_t>((sampler.size() + o.batch_size - 1) / o.batch_size);
+    if (o.limit_train_batches > 0) steps_in_epoch = std::min(steps_in_epoch, o.limit_train_batches);
+    // Stop at the limit without asking the loader for one more batch, which would
+    // move the sampler past what was trained.
+    for (auto it = epoch_step < steps_in_epoch ? loader->begin() : loader->end(); it != loader->end(); ++it) {
+      auto& batch = *it;
+      const double fraction = (static_cast<double>(epoch * epoch_samples) + done) / run_samples;
+      optimizer->param_groups()[0].options().set_lr(learning_rate(o, fraction));
       optimizer->zero_grad();
       auto loss = torch::nn::functional::cross_entropy(ddp(batch.data.to(device)), batch.target.to(device));
       loss.backward();
       optimizer->step();
       ++progress.step;
       ++epoch_step;
-      samples_this_run += static_cast<std::int64_t>(batch.data.size(0)) * world.size();
+      const std::int64_t trained = static_cast<std::int64_t>(batch.data.size(0)) * world_size;
+      done += trained;
+      samples_this_run += trained;
 
       if (lead) {
         const double value = loss.item<double>();
-        running_loss = epoch_step == 1 ? value : 0.95 * running_loss + 0.05 * value;
+        running_loss = running_loss < 0 ? value : 0.95 * running_loss + 0.05 * value;
         const double elapsed = train_s + std::chrono::duration<double>(Clock::now() - mark).count();
         const double rate = samples_this_run / std::max(elapsed, 1e-9);
-        const double steps_left = static_cast<double>(total_steps - progress.step);
-        bar.show({static_cast<int>(epoch + 1), o.epochs, epoch_step, steps_per_epoch, running_loss, rate,
-                  steps_left * o.batch_size * world.size() / std::max(rate, 1e-9)},
-                 epoch_step == steps_per_epoch);
+        const double left = run_samples - static_cast<double>(epoch * epoch_samples + done);
+        bar.show({static_cast<int>(epoch + 1), o.epochs, epoch_step, steps_in_epoch, running_loss, rate,
+                  left / std::max(rate, 1e-9)},
+                 epoch_step == steps_in_epoch);
       }
-      if (checkpointer && o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) {
+      stopped = o.max_steps > 0 && progress.step >= o.max_steps;
+      // The epoch's last step is saved below, as the start of the next epoch.
+      const bool last = epoch_step >= steps_in_epoch;
+      if (checkpointer && !last &&
+          (stopped || (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0))) {
         save(epoch, epoch_step);
       }
+      if (last || stopped) break;
     }
+    if (stopped && epoch_step < steps_in_epoch) break;
     // The epoch is done: the next checkpoint starts the next one.
     progress.epoch = epoch + 1;
     progress.epoch_step = 0;
@@ -185,13 +215,27 @@ int train(const TrainerOptions& o) {
     }
   }
   pause();
+  if (lead) bar.finish_line();
   if (!evaluated) last_eval = evaluate(model, test_set, world.group(), device);
 
-  if (!o.save_final.empty() && lead) cohort::checkpoint::save_state_dict(*model, o.save_final);
-  // The largest worker's peak memory, so that one line tells the whole job's story.
-  auto rss = torch::tensor({peak_rss_mb()}, torch::dtype(torch::kFloat64).device(device));
-  world.group().all_reduce(rss, cohort::comm::ReduceOp::kMax);
-  world.group().barrier();
+  // Rank 0 writes the final weights; every rank learns whether that worked, and the
+  // largest worker's peak memory, in one all-reduce.
+  std::string final_error;
+  if (!o.save_final.empty() && lead) {
+    try {
+      cohort::checkpoint::save_state_dict(*model, o.save_final);
+    } catch (const std::exception& e) {
+      final_error = e.what();
+    }
+  }
+  auto tail = torch::tensor({peak_rss_mb(), final_error.empty() ? 0.0 : 1.0},
+                            torch::dtype(torch::kFloat64).device(device));
+  world.group().all_reduce(tail, cohort::comm::ReduceOp::kMax);
+  const auto rss = tail.cpu();
+  if (rss[1].item<double>() != 0) {
+    throw cohort::Error(lead ? fmt::format("--save-final {}: {}", o.save_final, final_error)
+                             : fmt::format("rank 0 could not write --save-final {}; its log says why", o.save_final));
+  }
 
   if (lead) {
     nlohmann::json summary = {
@@ -203,7 +247,8 @@ int train(const TrainerOptions& o) {
         {"world_size", world.size()},
         {"epochs", o.epochs},
         {"steps", progress.step},
-        {"peak_rss_mb_max_rank", rss.cpu().item<double>()},
+        {"peak_rss_mb_max_rank", rss[0].item<double>()},
+        {"samples", samples_this_run},
         {"device", device.str()},
     };
     std::cout << summary.dump() << std::endl;

@@ -210,6 +210,33 @@ TEST(Checkpointer, FallsBackPastAMissingManifest) {
   EXPECT_NE(warnings.find("MANIFEST.json"), std::string::npos) << warnings;
 }
 
+TEST(Checkpointer, FallsBackPastAManifestOfTheWrongShape) {
+  auto [step, warnings] = load_after_damage([](const std::string& path) {
+    std::ofstream(path + "/MANIFEST.json") << R"({"format": "cohort-checkpoint", "version": 1, "step": 30, "files": 5})";
+  });
+  EXPECT_EQ(step, 20);
+  EXPECT_NE(warnings.find("step-000000030"), std::string::npos) << warnings;
+}
+
+TEST(Checkpointer, ANewSaveAfterAFallbackIsKeptAndTheAbandonedStepsGo) {
+  const auto dir = temp_dir();
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Warnings w;
+    Checkpointer ckpt(dir, world.group(), w.options(1));
+    ckpt.save(*model, opt, {200, 0, 0, {}}, torch::kCPU);
+    // A newer checkpoint of an abandoned run, damaged: loading falls back to 200 ...
+    fs::create_directories(ckpt.path_of(300));
+    ASSERT_EQ(ckpt.load_latest(*model, opt, torch::kCPU)->progress.step, 200);
+    // ... and the next save, 250, is the one kept, not the abandoned 300.
+    ckpt.save(*model, opt, {250, 0, 0, {}}, torch::kCPU);
+    EXPECT_EQ(ckpt.steps_on_disk(), (std::vector<std::int64_t>{250}));
+    EXPECT_EQ(ckpt.load_latest(*model, opt, torch::kCPU)->progress.step, 250);
+  });
+  fs::remove_all(dir);
+}
+
 TEST(Checkpointer, AnotherModelIsAConfigErrorThatNamesTheKey) {
   const auto dir = temp_dir();
   run_thread_world(1, [&](cohort::comm::World& world) {

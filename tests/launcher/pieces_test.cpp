@@ -67,6 +67,16 @@ TEST(LineSplitter, CarriageReturnsEndStatusSegmentsOnlyWhenAsked) {
          [&](const std::string& l) { status.push_back(l); });
   EXPECT_EQ(status, (std::vector<std::string>{"step 1"}));
   EXPECT_EQ(lines, (std::vector<std::string>{"step 2", "summary"}));
+  // Segments ended by '\r' (the trainer's form), and CRLF: a status followed by '\n'
+  // becomes a line too.
+  LineSplitter trailing;
+  lines.clear();
+  status.clear();
+  const std::string crlf = "step 1\rstep 2\r\nmsg\r\n\n";
+  trailing.feed(crlf.data(), crlf.size(), [&](const std::string& l) { lines.push_back(l); },
+                [&](const std::string& l) { status.push_back(l); });
+  EXPECT_EQ(status, (std::vector<std::string>{"step 1", "step 2", "msg"}));
+  EXPECT_EQ(lines, (std::vector<std::string>{"step 2", "msg", ""}));
   LineSplitter plain;
   lines.clear();
   plain.feed(text.data(), text.size(), [&](const std::string& l) { lines.push_back(l); });
@@ -88,7 +98,7 @@ std::pair<std::string, std::string> route_progress(bool console_is_tty) {
   r.prefix = "[rank0]: ";
   r.console_is_tty = console_is_tty;
   router.add(r);
-  const std::string text = "\rstep 1\x1b[K\rstep 2\x1b[K\nsummary\n";
+  const std::string text = "step 1\x1b[K\rstep 2\x1b[K\r\nsummary\n";
   EXPECT_EQ(::write(source[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
   ::close(source[1]);
   while (!router.open_fds().empty()) router.pump(source[0]);  // closes the log at the end
@@ -106,10 +116,14 @@ std::pair<std::string, std::string> route_progress(bool console_is_tty) {
 
 TEST(OutputRouter, DrawsStatusInPlaceOnATerminalOnly) {
   auto [tty, tty_log] = route_progress(true);
-  EXPECT_EQ(tty, "\r[rank0]: step 1\x1b[K\r\x1b[K[rank0]: step 2\x1b[K\n[rank0]: summary\n");
-  EXPECT_EQ(tty_log, "step 2\x1b[K\nsummary\n");  // no redraws in the log
+  EXPECT_EQ(tty,
+            "\r[rank0]: step 1\x1b[K"                        // drawn in place
+            "\r[rank0]: step 2\x1b[K"                        // redrawn
+            "\r\x1b[K[rank0]: step 2\x1b[K\n"                // done: cleared, kept as a line
+            "[rank0]: summary\n");
+  EXPECT_EQ(tty_log, "step 2\nsummary\n");  // no redraws and no escapes in the log
   auto [plain, plain_log] = route_progress(false);
-  EXPECT_EQ(plain, "[rank0]: step 1\x1b[K\n[rank0]: step 2\x1b[K\n[rank0]: summary\n");
+  EXPECT_EQ(plain, "[rank0]: step 1\x1b[K\n[rank0]: step 2\x1b[K\n[rank0]: step 2\x1b[K\n[rank0]: summary\n");
   EXPECT_EQ(plain_log, tty_log);
 }
 

@@ -10,6 +10,9 @@
 #include <fstream>
 #include <thread>
 
+#include <zlib.h>
+
+#include "cohort/data/idx_file.h"
 #include "support/subprocess.h"
 
 namespace fs = std::filesystem;
@@ -130,6 +133,58 @@ TEST(Trainer, KilledAndResumedEqualsUninterrupted) {
   ASSERT_EQ(again.exit_code, 0) << describe(again);
   EXPECT_NE(again.out.find("[rank0]: resuming from " + ckpt + "/step-"), std::string::npos) << again.out;
   EXPECT_TRUE(bitwise_equal(straight, resumed)) << "largest difference " << max_difference(straight, resumed);
+}
+
+namespace {
+
+// A Fashion-MNIST directory with the first `train` training images and the whole test
+// set, in the gzipped IDX layout, so that whole epochs take seconds.
+std::string small_data_dir(const std::string& parent, int train) {
+  const std::string dir = parent + "/data";
+  fs::create_directories(dir);
+  const std::string source = "/usr/share/datasets/fashion-mnist";
+  for (const char* name : {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) fs::copy(source + "/" + name, dir);
+  auto write = [&](const std::string& name, std::vector<std::int64_t> dims, std::int64_t per_item) {
+    auto array = cohort::data::read_idx_file(source + "/" + name);
+    std::string bytes = {0, 0, 8, static_cast<char>(dims.size())};
+    for (auto d : dims) {
+      for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((d >> shift) & 0xff));
+    }
+    bytes.append(reinterpret_cast<const char*>(array.bytes.data()), static_cast<std::size_t>(train * per_item));
+    gzFile f = gzopen((dir + "/" + name).c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  };
+  write("train-images-idx3-ubyte.gz", {train, 28, 28}, 28 * 28);
+  write("train-labels-idx1-ubyte.gz", {train}, 1);
+  return dir;
+}
+
+}  // namespace
+
+// Stopped by one process mid-epoch and resumed by two: the rest of the epoch is
+// re-sharded, nothing is lost or trained twice, and the weights equal the run that
+// one process did without stopping (world 2 × 16 trains the batches of world 1 × 32).
+TEST(Trainer, ResumedOnAnotherWorldSizeEqualsUninterrupted) {
+  TempDir dir;
+  const auto data = small_data_dir(dir.path, 2000);
+  const std::vector<std::string> args = {"--data-dir", data, "--epochs", "1", "--optimizer", "sgd",
+                                         "--lr", "0.05", "--seed", "9"};
+  const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
+  const auto ckpt = dir.path + "/ckpt";
+  auto u = run_trainer(1, with(args, {"--batch-size", "32", "--save-final", straight}));
+  ASSERT_EQ(u.exit_code, 0) << describe(u);
+  EXPECT_NE(u.out.find("\"samples\":2000"), std::string::npos) << u.out;
+
+  auto first = run_trainer(1, with(args, {"--batch-size", "32", "--checkpoint-dir", ckpt, "--max-steps", "20"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  EXPECT_NE(first.out.find("\"samples\":640"), std::string::npos) << first.out;
+  auto second = run_trainer(2, with(args, {"--batch-size", "16", "--checkpoint-dir", ckpt, "--save-final", resumed}));
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000020"), std::string::npos) << second.out;
+  // Exactly the 1360 samples the first run had not trained.
+  EXPECT_NE(second.out.find("\"samples\":1360"), std::string::npos) << second.out;
+  EXPECT_LT(max_difference(straight, resumed), 1e-5);
 }
 
 TEST(Trainer, PythonLoadsTheSavedStateDict) {

@@ -4,7 +4,12 @@
 #include <torch/serialize.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
@@ -32,13 +37,28 @@ const std::vector<std::string> kFiles = {"model.pt", "optimizer.pt", "trainer.pt
 std::optional<std::int64_t> step_of(const std::string& name) {
   if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
   const std::string digits = name.substr(std::string(kStepPrefix).size());
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+    return std::nullopt;  // not ours (18 digits always fit in an int64)
+  }
   return std::stoll(digits);
 }
 
+std::vector<std::string> read_verified_unchecked(const std::string& path, std::int64_t step);
+
 // The files of a checkpoint directory, each checked against the manifest. Throws
-// DataError saying what is wrong.
+// DataError saying what is wrong, whatever went wrong (a manifest of the wrong shape
+// too), so that callers can turn any failure into a collective answer.
 std::vector<std::string> read_verified(const std::string& path, std::int64_t step) {
+  try {
+    return read_verified_unchecked(path, step);
+  } catch (const DataError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DataError(fmt::format("{}: unreadable ({})", path, e.what()));
+  }
+}
+
+std::vector<std::string> read_verified_unchecked(const std::string& path, std::int64_t step) {
   nlohmann::json manifest;
   try {
     manifest = nlohmann::json::parse(read_whole_file(path + "/" + kManifest));
@@ -125,8 +145,13 @@ void Checkpointer::warn(const std::string& message) const {
 std::vector<std::int64_t> Checkpointer::steps_on_disk() const {
   std::vector<std::int64_t> steps;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
-    if (auto step = step_of(entry.path().filename().string())) steps.push_back(*step);
+  fs::directory_iterator it(directory_, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    // An unreadable directory must not look like "no checkpoints, start afresh".
+    throw Error(fmt::format("cannot list the checkpoint directory {}: {}", directory_, ec.message()));
+  }
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (auto step = step_of(it->path().filename().string())) steps.push_back(*step);
   }
   std::sort(steps.begin(), steps.end());
   return steps;
@@ -148,9 +173,16 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
           state_dict_bytes(model), optimizer_bytes(optimizer),
           encode_trainer_state(progress, rng)};
       write(path, kFiles, contents);
-      prune();
     } catch (const std::exception& e) {
       error = e.what();
+    }
+    if (error.empty()) {
+      try {
+        prune(progress.step);
+      } catch (const std::exception& e) {
+        // The checkpoint is durable; failing to remove old ones must not stop training.
+        warn(fmt::format("could not remove old checkpoints in {}: {}", directory_, e.what()));
+      }
     }
   }
   if (any_rank(group_, !error.empty(), device)) {
@@ -164,7 +196,10 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
 
 void Checkpointer::write(const std::string& final_path, const std::vector<std::string>& files,
                          const std::vector<std::string>& contents) const {
-  fs::create_directories(directory_);
+  if (!fs::exists(directory_)) {
+    fs::create_directories(directory_);
+    fsync_directory(parent_directory(fs::absolute(directory_).lexically_normal().string()));
+  }
   const std::string name = fs::path(final_path).filename().string();
   const std::string temp = fmt::format("{}/{}{}.{}", directory_, kTempPrefix, name, ::getpid());
   fs::remove_all(temp);
@@ -178,22 +213,36 @@ void Checkpointer::write(const std::string& final_path, const std::vector<std::s
   // The manifest last: a directory with a manifest has every file it lists.
   write_file_durably(temp + "/" + kManifest, manifest.dump(2));
   fsync_directory(temp);
-  // Saving a step that exists (a resumed run passing the same step again) replaces it;
-  // rename(2) cannot replace a non-empty directory, so the old one steps aside first.
-  std::string old;
+  // Saving a step that exists replaces it. rename(2) cannot replace a non-empty
+  // directory, so the two are swapped in one atomic step and the old one, now under
+  // the temporary name, is removed: at every instant a complete step-N exists.
   if (fs::exists(final_path)) {
-    old = fmt::format("{}/{}old-{}.{}", directory_, kTempPrefix, name, ::getpid());
-    fs::rename(final_path, old);
+    if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0) {
+      throw Error(fmt::format("renameat2 {} and {}: {}", temp, final_path, std::strerror(errno)));
+    }
+    fsync_directory(directory_);
+    fs::remove_all(temp);
+  } else {
+    fs::rename(temp, final_path);
   }
-  fs::rename(temp, final_path);
   fsync_directory(directory_);
-  if (!old.empty()) fs::remove_all(old);
 }
 
-void Checkpointer::prune() const {
-  const auto steps = steps_on_disk();
+void Checkpointer::prune(std::int64_t written) const {
+  // Steps above the one just written belong to a run that was abandoned (this one
+  // resumed from an older checkpoint, e.g. past a corrupt newer one); keeping them
+  // would make the next load skip the newer work, and counting them would push out
+  // the checkpoint just written.
+  std::vector<std::int64_t> kept;
+  for (auto step : steps_on_disk()) {
+    if (step > written) {
+      fs::remove_all(path_of(step));
+    } else {
+      kept.push_back(step);
+    }
+  }
   const auto keep = static_cast<std::size_t>(options_.keep_last());
-  for (std::size_t i = 0; i + keep < steps.size(); ++i) fs::remove_all(path_of(steps[i]));
+  for (std::size_t i = 0; i + keep < kept.size(); ++i) fs::remove_all(path_of(kept[i]));
   // Leftovers of a writer that died mid-save (rank 0 is the only writer, and saves
   // one at a time).
   for (const auto& entry : fs::directory_iterator(directory_)) {
@@ -225,9 +274,22 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
   // Rank 0 chooses, so that every rank loads the same checkpoint even if one is
   // being damaged while they look.
   auto chosen = torch::full({1}, std::int64_t{-1}, torch::dtype(torch::kInt64).device(device));
-  if (group_.rank() == 0) chosen.fill_(newest_good_step().value_or(-1));
+  std::string choice_error;
+  if (group_.rank() == 0) {
+    try {
+      chosen.fill_(newest_good_step().value_or(-1));
+    } catch (const std::exception& e) {
+      choice_error = e.what();
+      chosen.fill_(-2);  // tells the others to fail too, instead of waiting
+    }
+  }
   group_.broadcast(chosen, 0);
   const std::int64_t step = chosen.item<std::int64_t>();
+  if (step == -2) {
+    throw Error(group_.rank() == 0 ? choice_error
+                                   : fmt::format("rank 0 could not look for checkpoints in {}; its log says why",
+                                                 directory_));
+  }
   if (step < 0) return std::nullopt;
 
   const std::string path = path_of(step);
@@ -237,7 +299,7 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
   try {
     contents = read_verified(path, step);
     trainer = decode_trainer_state(contents[2], path + "/trainer.pt");
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     error = e.what();
   }
   if (any_rank(group_, !error.empty(), device)) {
@@ -254,13 +316,22 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
   load_optimizer(optimizer, contents[1], path + "/optimizer.pt", device);
 
   Restored restored{trainer.progress, path, false};
-  if (static_cast<int>(trainer.rng.size()) == group_.size()) {
+  const std::size_t generators = capture_rng_state(device).size();
+  if (static_cast<int>(trainer.rng.size()) != group_.size()) {
+    if (group_.rank() == 0) {
+      warn(fmt::format("{} was saved by {} ranks and is loaded by {}: the random generators keep "
+                       "their fresh state",
+                       path, trainer.rng.size(), group_.size()));
+    }
+  } else if (trainer.rng[static_cast<std::size_t>(group_.rank())].size() != generators) {
+    if (group_.rank() == 0) {
+      warn(fmt::format("{} was saved on another kind of device ({} generator states per rank, {} here): "
+                       "the random generators keep their fresh state",
+                       path, trainer.rng[0].size(), generators));
+    }
+  } else {
     restore_rng_state(device, trainer.rng[static_cast<std::size_t>(group_.rank())]);
     restored.rng_restored = true;
-  } else if (group_.rank() == 0) {
-    warn(fmt::format("{} was saved by {} ranks and is loaded by {}: the random generators keep "
-                     "their fresh state",
-                     path, trainer.rng.size(), group_.size()));
   }
   return restored;
 }

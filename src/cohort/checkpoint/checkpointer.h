@@ -87,7 +87,7 @@ class Checkpointer {
   std::optional<std::int64_t> newest_good_step() const;
   void write(const std::string& final_path, const std::vector<std::string>& files,
              const std::vector<std::string>& contents) const;
-  void prune() const;
+  void prune(std::int64_t written) const;
 
   std::string directory_;
   comm::Group group_;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cohort/checkpoint/atomic_file.h"
+#include "cohort/checkpoint/torch_format.h"
 #include "cohort/errors.h"
 
 namespace cohort::checkpoint {
@@ -40,8 +41,7 @@ c10::Dict<std::string, at::Tensor> state_dict(const torch::nn::Module& module) {
 }
 
 std::string state_dict_bytes(const torch::nn::Module& module) {
-  const std::vector<char> bytes = torch::pickle_save(state_dict(module));
-  return std::string(bytes.begin(), bytes.end());
+  return torch_save_bytes(state_dict(module));
 }
 
 void save_state_dict(const torch::nn::Module& module, const std::string& path) {

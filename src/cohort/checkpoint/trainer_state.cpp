@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "cohort/checkpoint/torch_format.h"
 #include "cohort/errors.h"
 
 namespace cohort::checkpoint {
@@ -71,8 +72,7 @@ std::string encode_trainer_state(const TrainingProgress& progress,
     ranks.push_back(list);
   }
   dict.insert("rng", ranks);
-  const auto bytes = torch::pickle_save(dict);
-  return std::string(bytes.begin(), bytes.end());
+  return torch_save_bytes(dict);
 }
 
 TrainerState decode_trainer_state(const std::string& bytes, const std::string& source) {

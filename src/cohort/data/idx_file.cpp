@@ -14,10 +14,11 @@ namespace cohort::data {
 namespace {
 
 constexpr std::uint8_t kUnsignedByte = 0x08;
-// No IDX file in use has more than a few dimensions or more than ~2^31 elements; a
-// header outside these bounds is corruption, not a bigger dataset.
+// No IDX file in use has more than a few dimensions or more than 2^31 elements; a
+// header outside these bounds is corruption, not a bigger dataset, and must not
+// become a huge allocation.
 constexpr int kMaxDims = 8;
-constexpr std::int64_t kMaxElements = std::int64_t{1} << 34;
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 31;
 
 struct GzCloser {
   void operator()(gzFile_s* f) const { gzclose(f); }

@@ -5,15 +5,21 @@ namespace cohort::launcher {
 void LineSplitter::feed(const char* data, std::size_t size, const Emit& emit, const Emit& status) {
   for (std::size_t i = 0; i < size; ++i) {
     if (data[i] == '\n') {
-      emit(pending_);
+      emit(pending_.empty() && after_status_ ? last_status_ : pending_);
       pending_.clear();
+      after_status_ = false;
       continue;
     }
     if (data[i] == '\r' && status) {
-      if (!pending_.empty()) status(pending_);
-      pending_.clear();
+      if (!pending_.empty()) {
+        status(pending_);
+        last_status_.swap(pending_);
+        pending_.clear();
+        after_status_ = true;
+      }
       continue;
     }
+    after_status_ = false;
     pending_.push_back(data[i]);
     if (pending_.size() == kMaxLine) {
       emit(pending_);

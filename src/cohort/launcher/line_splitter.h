@@ -15,13 +15,17 @@ class LineSplitter {
 
   // With `status`, a carriage return ends a status segment (a progress line that a
   // terminal redraws in place), passed to `status` without the '\r'; empty segments
-  // are dropped. Without it, '\r' is an ordinary character.
+  // are dropped. A '\n' right after a status ("...\r\n", or a progress line that is
+  // done) emits that status again as a whole line, so it stays on the console and
+  // reaches the log. Without `status`, '\r' is an ordinary character.
   void feed(const char* data, std::size_t size, const Emit& emit, const Emit& status = nullptr);
   // End of stream: emits a last line that had no newline.
   void finish(const Emit& emit);
 
  private:
   std::string pending_;
+  std::string last_status_;
+  bool after_status_ = false;  // nothing but '\r' since the last status segment
 };
 
 }  // namespace cohort::launcher

@@ -17,6 +17,13 @@ void write_all(int fd, const std::string& data) {
   }
 }
 
+// "Erase to the end of the line", which progress lines carry for terminals only.
+std::string without_erase(std::string line) {
+  static const std::string kErase = "\x1b[K";
+  for (auto at = line.find(kErase); at != std::string::npos; at = line.find(kErase, at)) line.erase(at, kErase.size());
+  return line;
+}
+
 }  // namespace
 
 OutputRouter::~OutputRouter() { close_all(); }
@@ -27,14 +34,18 @@ void OutputRouter::add(Route route) {
   streams_.push_back(std::move(s));
 }
 
+
 void OutputRouter::emit(const Stream& s, const std::string& line) {
   if (s.route.console_fd >= 0) {
-    // "\r" then "erase line" clears an open status line (Note [Progress lines]).
-    const bool clear = status_console_ == s.route.console_fd;
-    write_all(s.route.console_fd, (clear ? "\r\x1b[K" : "") + s.route.prefix + line + "\n");
-    if (clear) status_console_ = -1;
+    // "\r" then "erase line" clears an open status line, wherever it is drawn: stdout
+    // and stderr usually share the terminal (Note [Progress lines]).
+    if (status_console_ >= 0) {
+      write_all(status_console_, "\r\x1b[K");
+      status_console_ = -1;
+    }
+    write_all(s.route.console_fd, s.route.prefix + line + "\n");
   }
-  if (s.route.log_fd >= 0) write_all(s.route.log_fd, line + "\n");
+  if (s.route.log_fd >= 0) write_all(s.route.log_fd, without_erase(line) + "\n");
 }
 
 void OutputRouter::emit_status(const Stream& s, const std::string& text) {

@@ -6,9 +6,10 @@
 // Note [Progress lines]: a worker whose console is a terminal (the launcher tells it
 // with COHORT_CONSOLE_TTY=1, since its own stdout is a pipe) may redraw a progress
 // line with '\r'. Such status segments are drawn in place on a terminal console, and
-// a whole line from any worker first clears the status line and then takes its
-// place, so the status reappears below it at its next redraw. Status segments never
-// reach log files; on a console that is not a terminal they become ordinary lines.
+// a whole line from any worker, on stdout or stderr, first clears the status line and
+// then takes its place, so the status reappears below it at its next redraw. Status
+// segments never reach log files (a finished progress line does, without its
+// terminal escapes); on a console that is not a terminal they become ordinary lines.
 #include <string>
 #include <vector>
 

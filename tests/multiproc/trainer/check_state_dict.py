@@ -38,7 +38,8 @@ def read_idx(path, header):
 
 def main():
     saved, data_dir, resaved = sys.argv[1:4]
-    state = torch.load(saved)
+    # weights_only=True: PyTorch's safe loader, the default since 2.6.
+    state = torch.load(saved, weights_only=True)
     assert isinstance(state, dict), f"torch.load gave a {type(state).__name__}, not a dict"
     for key, value in state.items():
         assert isinstance(key, str) and isinstance(value, torch.Tensor), f"{key!r}: {type(value).__name__}"
