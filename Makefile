@@ -50,6 +50,7 @@ test-torch2:
 bench: build
 	benchmarks/compare_collectives.sh $(BUILD) 2
 	benchmarks/compare_ddp.sh $(BUILD) 2
+	benchmarks/compare_trainer.sh $(BUILD) 2
 	$(BUILD)/benchmarks/collectives_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 install: build
