@@ -6,37 +6,21 @@ training rate (evaluation excluded), as the C++ trainer does.
   trainer_peer.py [--epochs 1] [--batch-size 32] [--lr 2e-3] [--limit-train-batches N] [--data-dir D]
 """
 import argparse
-import gzip
 import json
 import math
+import os
+import sys
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-
-class FashionNet(nn.Module):  # examples/fashion_mnist/model.h
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.fc1 = nn.Linear(64 * 7 * 7, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
-
-def read_idx(path, header):
-    with gzip.open(path) as f:
-        return np.frombuffer(f.read()[header:], np.uint8)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../examples/fashion_mnist"))
+from fashion_net import FashionNet, normalise, read_idx  # noqa: E402
 
 
 def main():
@@ -66,7 +50,7 @@ def main():
         mark = time.perf_counter()
         for i in range(steps_per_epoch):
             idx = torch.tensor(order[i * a.batch_size:(i + 1) * a.batch_size])
-            x = (images.index_select(0, idx).unsqueeze(1).float() / 255.0 - 0.2860) / 0.3530
+            x = normalise(images.index_select(0, idx))
             for g in opt.param_groups:
                 g["lr"] = a.lr * 0.5 * (1 + math.cos(math.pi * step / total))
             opt.zero_grad()

@@ -3,20 +3,9 @@
 // "2 conv + pooling" family of Fashion-MNIST's benchmark table). No BatchNorm, so
 // world 2 with batch b computes exactly what world 1 with batch 2b computes.
 //
-// The parameter names (conv1.weight, ..., fc2.bias) are those of this PyTorch module,
-// so a saved state dict loads into it with load_state_dict:
-//
-//   class FashionNet(nn.Module):
-//       def __init__(self):
-//           super().__init__()
-//           self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
-//           self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-//           self.fc1 = nn.Linear(64 * 7 * 7, 128)
-//           self.fc2 = nn.Linear(128, 10)
-//       def forward(self, x):
-//           x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-//           x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-//           return self.fc2(F.relu(self.fc1(x.flatten(1))))
+// Its PyTorch twin, with the same parameter names (conv1.weight, ..., fc2.bias), is
+// fashion_net.py beside this file: a saved state dict loads into it with
+// load_state_dict(strict=True).
 #include <torch/nn/module.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>

@@ -7,33 +7,15 @@ shapes, loads it into the same network written in PyTorch, scores the first 1000
 images, and saves the state dict again with torch.save to RESAVED (which the C++ test
 reads back). Prints one JSON line.
 """
-import gzip
 import json
+import os
 import sys
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-
-class FashionNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.fc1 = nn.Linear(64 * 7 * 7, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
-
-def read_idx(path, header):
-    with gzip.open(path) as f:
-        return np.frombuffer(f.read()[header:], np.uint8)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../../../examples/fashion_mnist"))
+from fashion_net import FashionNet, normalise, read_idx  # noqa: E402
 
 
 def main():
@@ -46,9 +28,9 @@ def main():
     model = FashionNet()
     model.load_state_dict(state, strict=True)  # names and shapes must match exactly
     model.eval()
-    images = read_idx(f"{data_dir}/t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:1000]
+    images = read_idx(f"{data_dir}/t10k-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)[:1000]
     labels = read_idx(f"{data_dir}/t10k-labels-idx1-ubyte.gz", 8)[:1000]
-    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - 0.2860) / 0.3530
+    x = normalise(torch.from_numpy(images.copy()))
     with torch.no_grad():
         predicted = model(x).argmax(1)
     accuracy = (predicted == torch.from_numpy(labels.astype(np.int64))).float().mean().item()
