@@ -1,0 +1,220 @@
+#include "cohort/elastic/rendezvous_state.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cohort/errors.h"
+
+namespace cohort::elastic {
+namespace {
+
+void mark_complete(RendezvousState& state) {
+  state.complete = true;
+  state.last_call.reset();
+  int rank = 0;
+  for (auto& [node, r] : state.participants) r = rank++;  // std::map: sorted by name
+}
+
+// After a participant is gone (it left, or its heartbeats stopped).
+void after_participant_removed(RendezvousState& state, const RendezvousSettings& settings) {
+  if (state.complete) {
+    if (state.participants.empty()) {
+      // Everyone has left the finished round: the next one opens, and the nodes on
+      // the wait list join it like anyone else.
+      state.complete = false;
+      ++state.round;
+    }
+  } else if (static_cast<int>(state.participants.size()) < settings.min_nodes()) {
+    state.last_call.reset();
+  }
+}
+
+Millis seconds(const std::string& key, const std::string& value) {
+  std::size_t used = 0;
+  double s = 0;
+  try {
+    s = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty()) {
+    throw ConfigError(fmt::format("--rdzv-conf {}={}: not a number of seconds", key, value));
+  }
+  if (!(s > 0)) {
+    throw ConfigError(fmt::format("--rdzv-conf {}={}: must be positive (c10d took 0 to mean \"wait forever\"; "
+                                  "cohort bounds every wait)",
+                                  key, value));
+  }
+  return Millis(static_cast<std::int64_t>(s * 1000.0 + 0.5));
+}
+
+int positive_count(const std::string& key, const std::string& value) {
+  if (value.empty() || value.size() > 6 || !std::all_of(value.begin(), value.end(), ::isdigit) || std::stoi(value) < 1) {
+    throw ConfigError(fmt::format("--rdzv-conf {}={}: must be a whole number of at least 1", key, value));
+  }
+  return std::stoi(value);
+}
+
+}  // namespace
+
+RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings base) {
+  std::stringstream items(conf);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      throw ConfigError(fmt::format("--rdzv-conf {}: write KEY=VALUE pairs separated by commas", item));
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "join_timeout") {
+      base.join_timeout(seconds(key, value));
+    } else if (key == "last_call_timeout") {
+      base.last_call_timeout(seconds(key, value));
+    } else if (key == "close_timeout") {
+      base.close_timeout(seconds(key, value));
+    } else if (key == "keep_alive_interval") {
+      base.keep_alive_interval(seconds(key, value));
+    } else if (key == "keep_alive_max_heartbeats") {
+      base.keep_alive_max_missed(positive_count(key, value));
+    } else {
+      throw ConfigError(fmt::format("--rdzv-conf {}: unknown key '{}'; known: join_timeout, last_call_timeout, "
+                                    "close_timeout, keep_alive_interval, keep_alive_max_heartbeats",
+                                    item, key));
+    }
+  }
+  return base;
+}
+
+bool RendezvousState::operator==(const RendezvousState& o) const {
+  return round == o.round && complete == o.complete && closed == o.closed && last_call == o.last_call &&
+         participants == o.participants && wait_list == o.wait_list && heartbeats == o.heartbeats &&
+         restarts == o.restarts;
+}
+
+const char* to_string(JoinAction action) {
+  switch (action) {
+    case JoinAction::kAddToParticipants: return "add to participants";
+    case JoinAction::kAddToWaitList: return "add to wait list";
+    case JoinAction::kMarkComplete: return "mark complete";
+    case JoinAction::kWait: return "wait";
+    case JoinAction::kFinish: return "finish";
+    case JoinAction::kRemoveSelf: return "remove self";
+    case JoinAction::kErrorTimeout: return "timeout";
+    case JoinAction::kErrorClosed: return "closed";
+  }
+  return "?";
+}
+
+JoinAction next_join_action(const RendezvousState& state, const std::string& node, Millis now, Millis join_deadline,
+                            const RendezvousSettings& settings) {
+  if (state.closed) return JoinAction::kErrorClosed;
+  const bool participant = state.participants.count(node) > 0;
+  const bool waiting = state.wait_list.count(node) > 0;
+  if (state.complete && participant) return JoinAction::kFinish;
+  if (now >= join_deadline) return participant || waiting ? JoinAction::kRemoveSelf : JoinAction::kErrorTimeout;
+  if (state.complete) {
+    // Too late for this round: wait for the next, if there will be room in it.
+    if (!waiting && static_cast<int>(state.participants.size() + state.wait_list.size()) < settings.max_nodes()) {
+      return JoinAction::kAddToWaitList;
+    }
+    return JoinAction::kWait;
+  }
+  if (participant) {
+    const bool enough = static_cast<int>(state.participants.size()) >= settings.min_nodes();
+    return enough && state.last_call && now >= *state.last_call ? JoinAction::kMarkComplete : JoinAction::kWait;
+  }
+  return static_cast<int>(state.participants.size()) < settings.max_nodes() ? JoinAction::kAddToParticipants
+                                                                              : JoinAction::kWait;
+}
+
+void apply(RendezvousState& state, JoinAction action, const std::string& node, Millis now,
+           const RendezvousSettings& settings) {
+  switch (action) {
+    case JoinAction::kAddToParticipants: {
+      state.wait_list.erase(node);
+      state.participants[node] = -1;
+      state.heartbeats[node] = now;
+      const auto n = static_cast<int>(state.participants.size());
+      if (n == settings.max_nodes()) {
+        mark_complete(state);
+      } else if (n >= settings.min_nodes() && !state.last_call) {
+        state.last_call = now + settings.last_call_timeout();
+      }
+      return;
+    }
+    case JoinAction::kAddToWaitList:
+      state.wait_list.insert(node);
+      state.heartbeats[node] = now;
+      return;
+    case JoinAction::kMarkComplete:
+      mark_complete(state);
+      return;
+    case JoinAction::kRemoveSelf:
+      leave(state, node, settings);
+      return;
+    default:
+      return;  // kWait, kFinish and the errors change nothing
+  }
+}
+
+void leave(RendezvousState& state, const std::string& node, const RendezvousSettings& settings) {
+  state.heartbeats.erase(node);
+  if (state.wait_list.erase(node) > 0) return;
+  if (state.participants.erase(node) > 0) after_participant_removed(state, settings);
+}
+
+void heartbeat(RendezvousState& state, const std::string& node, Millis now) {
+  if (state.participants.count(node) > 0 || state.wait_list.count(node) > 0) state.heartbeats[node] = now;
+}
+
+std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, const RendezvousSettings& settings) {
+  const Millis bound = settings.keep_alive_interval() * settings.keep_alive_max_missed();
+  std::vector<std::string> dead;
+  for (const auto& [node, last] : state.heartbeats) {
+    if (now - last > bound) dead.push_back(node);
+  }
+  for (const auto& node : dead) leave(state, node, settings);
+  return dead;
+}
+
+int nodes_waiting(const RendezvousState& state) { return static_cast<int>(state.wait_list.size()); }
+
+std::string encode(const RendezvousState& s) {
+  nlohmann::json j = {{"round", s.round},
+                      {"complete", s.complete},
+                      {"closed", s.closed},
+                      {"participants", s.participants},
+                      {"wait_list", s.wait_list},
+                      {"restarts", s.restarts}};
+  j["last_call"] = s.last_call ? nlohmann::json(s.last_call->count()) : nlohmann::json(nullptr);
+  nlohmann::json beats = nlohmann::json::object();
+  for (const auto& [node, at] : s.heartbeats) beats[node] = at.count();
+  j["heartbeats"] = beats;
+  return j.dump();
+}
+
+RendezvousState decode(const std::string& bytes) {
+  try {
+    const auto j = nlohmann::json::parse(bytes);
+    RendezvousState s;
+    s.round = j.at("round").get<std::int64_t>();
+    s.complete = j.at("complete").get<bool>();
+    s.closed = j.at("closed").get<bool>();
+    s.participants = j.at("participants").get<std::map<std::string, int>>();
+    s.wait_list = j.at("wait_list").get<std::set<std::string>>();
+    s.restarts = j.at("restarts").get<std::int64_t>();
+    if (!j.at("last_call").is_null()) s.last_call = Millis(j.at("last_call").get<std::int64_t>());
+    for (const auto& [node, at] : j.at("heartbeats").items()) s.heartbeats[node] = Millis(at.get<std::int64_t>());
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("the rendezvous record in the store is not one cohort wrote ({}); is another "
+                                "job using the same --rdzv-id?",
+                                e.what()));
+  }
+}
+
+}  // namespace cohort::elastic

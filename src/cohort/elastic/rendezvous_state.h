@@ -1,0 +1,101 @@
+#pragma once
+// The shared record of an elastic rendezvous (torchrun's c10d "dynamic" rendezvous),
+// as pure logic: which nodes take part in the current round, who waits for the next,
+// when the round completes, and who has stopped sending heartbeats. Agents read the
+// record from the store, decide with next_join_action(), apply() the action and
+// write the record back with a compare-and-set, so concurrent agents never lose an
+// update. No sockets here: every rule is testable in microseconds.
+//
+// Note [Rendezvous rounds]:
+//  - A round gathers at least min_nodes and at most max_nodes participants. It
+//    completes at once when max_nodes have joined, or at the "last call" deadline
+//    (last_call_timeout after it first had min_nodes) with whoever is there. Ranks are
+//    then given by the sorted node names, so every agent computes the same ones.
+//  - A node that arrives after completion goes on the wait list. Running agents see
+//    nodes_waiting() > 0, stop their workers and leave the round (a membership change,
+//    which costs no restart); when the last participant has left, the round number
+//    advances and everyone, waiting nodes included, joins the next round.
+//  - A node whose heartbeats stop for keep_alive_interval * keep_alive_max_missed is
+//    dropped by whoever notices (drop_dead_nodes), so a dead node never blocks a round.
+//  - `restarts` counts failure restarts for the whole job, in the shared record, so a
+//    node cannot reset it by leaving and joining again (pytorch#147064).
+#include <torch/arg.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace cohort::elastic {
+
+// Milliseconds of wall-clock time since the Unix epoch: agents on different hosts
+// compare deadlines and heartbeats written by each other.
+using Millis = std::chrono::milliseconds;
+
+struct RendezvousSettings {
+  RendezvousSettings(int min_nodes, int max_nodes) : min_nodes_(min_nodes), max_nodes_(max_nodes) {}
+  TORCH_ARG(int, min_nodes);
+  TORCH_ARG(int, max_nodes);
+  // torchrun's defaults.
+  TORCH_ARG(Millis, join_timeout) = Millis(600'000);
+  TORCH_ARG(Millis, last_call_timeout) = Millis(30'000);
+  TORCH_ARG(Millis, close_timeout) = Millis(30'000);
+  TORCH_ARG(Millis, keep_alive_interval) = Millis(5'000);
+  TORCH_ARG(int, keep_alive_max_missed) = 3;
+};
+
+// Reads torchrun's --rdzv-conf ("join_timeout=900,last_call_timeout=10,...", seconds)
+// into `base`. Throws cohort::ConfigError naming the key for an unknown key, a value
+// that is not a number, or one that is not positive (c10d took 0 to mean "never").
+RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings base);
+
+struct RendezvousState {
+  std::int64_t round = 0;
+  bool complete = false;
+  bool closed = false;  // the job is over: nobody joins any more
+  std::optional<Millis> last_call;  // the incomplete round completes at this time
+  std::map<std::string, int> participants;  // node -> rank (-1 until complete)
+  std::set<std::string> wait_list;  // arrived after completion, for the next round
+  std::map<std::string, Millis> heartbeats;  // of participants and waiting nodes
+  std::int64_t restarts = 0;  // failure restarts of the whole job
+
+  bool operator==(const RendezvousState& other) const;
+};
+
+enum class JoinAction {
+  kAddToParticipants,
+  kAddToWaitList,
+  kMarkComplete,
+  kWait,        // nothing to change: wait for the record to change, then ask again
+  kFinish,      // the round is complete and this node has its rank
+  kRemoveSelf,  // past the join deadline: leave cleanly, then fail with kErrorTimeout
+  kErrorTimeout,
+  kErrorClosed,
+};
+const char* to_string(JoinAction action);
+
+// What `node` does next to take part in a round, given the record read at `now`.
+// `join_deadline` is when this node gives up (its join started + join_timeout).
+JoinAction next_join_action(const RendezvousState& state, const std::string& node, Millis now, Millis join_deadline,
+                            const RendezvousSettings& settings);
+// Applies `action` for `node` (the actions that change the record).
+void apply(RendezvousState& state, JoinAction action, const std::string& node, Millis now,
+           const RendezvousSettings& settings);
+
+// Leaves the round (an agent stopping its workers for a restart or a membership
+// change). When the last participant of a complete round leaves, the next round opens.
+void leave(RendezvousState& state, const std::string& node, const RendezvousSettings& settings);
+void heartbeat(RendezvousState& state, const std::string& node, Millis now);
+// Drops nodes whose last heartbeat is older than the keep-alive bound; returns them.
+std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, const RendezvousSettings& settings);
+// Nodes waiting for the next round: a running job restarts to take them in.
+int nodes_waiting(const RendezvousState& state);
+
+// The record as stored (JSON). decode throws cohort::DataError on anything else.
+std::string encode(const RendezvousState& state);
+RendezvousState decode(const std::string& bytes);
+
+}  // namespace cohort::elastic

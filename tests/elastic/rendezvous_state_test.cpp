@@ -1,0 +1,190 @@
+// The elastic rendezvous record as pure logic (Note [Rendezvous rounds]): several
+// nodes driven through next_join_action/apply by hand, with explicit clocks.
+#include <gtest/gtest.h>
+
+#include "cohort/elastic/rendezvous_state.h"
+#include "cohort/errors.h"
+
+namespace {
+
+using namespace cohort::elastic;
+using std::chrono::seconds;
+
+const Millis kFar = Millis(1'000'000'000);  // a join deadline nobody reaches
+
+// Drives `node` until its next action is one that changes nothing (wait, finish or
+// an error), as an agent's loop would; returns that action.
+JoinAction join(RendezvousState& s, const std::string& node, Millis now, const RendezvousSettings& settings,
+                Millis deadline = kFar) {
+  for (int i = 0; i < 10; ++i) {
+    const auto action = next_join_action(s, node, now, deadline, settings);
+    if (action == JoinAction::kWait || action == JoinAction::kFinish || action == JoinAction::kErrorTimeout ||
+        action == JoinAction::kErrorClosed) {
+      return action;
+    }
+    apply(s, action, node, now, settings);
+    if (action == JoinAction::kRemoveSelf) return action;
+  }
+  ADD_FAILURE() << "no fixed point for " << node;
+  return JoinAction::kWait;
+}
+
+TEST(RendezvousState, OneNodeCompletesAtOnce) {
+  RendezvousSettings settings(1, 1);
+  RendezvousState s;
+  EXPECT_EQ(join(s, "a", Millis(0), settings), JoinAction::kFinish);
+  EXPECT_TRUE(s.complete);
+  EXPECT_EQ(s.participants.at("a"), 0);
+}
+
+TEST(RendezvousState, FullRoundCompletesWithRanksBySortedName) {
+  RendezvousSettings settings(1, 3);
+  RendezvousState s;
+  EXPECT_EQ(join(s, "node-c", Millis(0), settings), JoinAction::kWait);  // waits for the last call
+  ASSERT_TRUE(s.last_call.has_value());
+  EXPECT_EQ(*s.last_call, Millis(0) + seconds(30));
+  EXPECT_EQ(join(s, "node-a", Millis(100), settings), JoinAction::kWait);
+  EXPECT_EQ(join(s, "node-b", Millis(200), settings), JoinAction::kFinish);  // the third fills the round
+  EXPECT_TRUE(s.complete);
+  EXPECT_FALSE(s.last_call.has_value());
+  EXPECT_EQ(s.participants, (std::map<std::string, int>{{"node-a", 0}, {"node-b", 1}, {"node-c", 2}}));
+  EXPECT_EQ(join(s, "node-c", Millis(300), settings), JoinAction::kFinish);
+}
+
+TEST(RendezvousState, LastCallCompletesWithWhoeverIsThere) {
+  RendezvousSettings settings = RendezvousSettings(2, 4).last_call_timeout(seconds(10));
+  RendezvousState s;
+  EXPECT_EQ(join(s, "a", Millis(0), settings), JoinAction::kWait);
+  EXPECT_FALSE(s.last_call.has_value());  // fewer than MIN: no last call yet
+  EXPECT_EQ(join(s, "b", Millis(5'000), settings), JoinAction::kWait);
+  EXPECT_EQ(*s.last_call, Millis(15'000));
+  EXPECT_EQ(join(s, "a", Millis(14'999), settings), JoinAction::kWait);
+  EXPECT_EQ(join(s, "a", Millis(15'000), settings), JoinAction::kFinish);
+  EXPECT_EQ(s.participants.size(), 2u);
+}
+
+TEST(RendezvousState, TooFewNodesTimeOutAndLeaveNoTrace) {
+  RendezvousSettings settings(2, 2);
+  RendezvousState s;
+  EXPECT_EQ(join(s, "a", Millis(0), settings, Millis(1'000)), JoinAction::kWait);
+  EXPECT_EQ(join(s, "a", Millis(1'000), settings, Millis(1'000)), JoinAction::kRemoveSelf);
+  EXPECT_TRUE(s.participants.empty());
+  EXPECT_TRUE(s.heartbeats.empty());
+  EXPECT_EQ(next_join_action(s, "a", Millis(1'000), Millis(1'000), settings), JoinAction::kErrorTimeout);
+}
+
+TEST(RendezvousState, LateNodeWaitsThenJoinsTheNextRound) {
+  RendezvousSettings settings(1, 3);
+  RendezvousState s;
+  join(s, "a", Millis(0), settings);
+  join(s, "b", Millis(0), settings);
+  apply(s, JoinAction::kMarkComplete, "a", Millis(30'000), settings);
+  ASSERT_TRUE(s.complete);
+  EXPECT_EQ(join(s, "c", Millis(40'000), settings), JoinAction::kWait);
+  EXPECT_EQ(s.wait_list, (std::set<std::string>{"c"}));
+  EXPECT_EQ(nodes_waiting(s), 1);  // the running agents restart to take c in
+  // They leave the finished round; the last one out opens the next.
+  leave(s, "a", settings);
+  EXPECT_TRUE(s.complete);
+  EXPECT_EQ(s.round, 0);
+  leave(s, "b", settings);
+  EXPECT_FALSE(s.complete);
+  EXPECT_EQ(s.round, 1);
+  for (const char* node : {"a", "b", "c"}) join(s, node, Millis(41'000), settings);
+  EXPECT_TRUE(s.complete);  // three of three: complete at once
+  EXPECT_TRUE(s.wait_list.empty());
+  EXPECT_EQ(s.participants, (std::map<std::string, int>{{"a", 0}, {"b", 1}, {"c", 2}}));
+}
+
+TEST(RendezvousState, NoRoomMeansNoWaitList) {
+  RendezvousSettings settings(1, 2);
+  RendezvousState s;
+  join(s, "a", Millis(0), settings);
+  join(s, "b", Millis(0), settings);
+  ASSERT_TRUE(s.complete);
+  EXPECT_EQ(join(s, "c", Millis(1), settings), JoinAction::kWait);
+  EXPECT_TRUE(s.wait_list.empty());  // the job is at MAX: c would never get in
+}
+
+TEST(RendezvousState, DeadNodesAreDroppedAndTheRoundGoesOn) {
+  RendezvousSettings settings = RendezvousSettings(1, 2).keep_alive_interval(seconds(5)).keep_alive_max_missed(3);
+  RendezvousState s;
+  join(s, "a", Millis(0), settings);
+  join(s, "b", Millis(0), settings);
+  ASSERT_TRUE(s.complete);
+  heartbeat(s, "a", Millis(14'000));
+  EXPECT_TRUE(drop_dead_nodes(s, Millis(15'000), settings).empty());  // exactly at the bound: alive
+  const auto dead = drop_dead_nodes(s, Millis(15'001), settings);
+  EXPECT_EQ(dead, (std::vector<std::string>{"b"}));
+  EXPECT_EQ(s.participants.count("b"), 0u);
+  EXPECT_TRUE(s.complete);  // a still runs; it restarts when its workers fail
+  leave(s, "a", settings);
+  EXPECT_EQ(s.round, 1);
+  EXPECT_EQ(join(s, "a", Millis(16'000), settings), JoinAction::kWait);  // MIN 1: last call
+}
+
+TEST(RendezvousState, ADepartureBelowMinCancelsTheLastCall) {
+  RendezvousSettings settings(2, 3);
+  RendezvousState s;
+  join(s, "a", Millis(0), settings);
+  join(s, "b", Millis(0), settings);
+  ASSERT_TRUE(s.last_call.has_value());
+  leave(s, "b", settings);
+  EXPECT_FALSE(s.last_call.has_value());
+  EXPECT_EQ(join(s, "a", Millis(60'000), settings), JoinAction::kWait);  // never completes alone
+}
+
+TEST(RendezvousState, AClosedRendezvousRefusesEveryone) {
+  RendezvousSettings settings(1, 2);
+  RendezvousState s;
+  join(s, "a", Millis(0), settings);
+  s.closed = true;
+  EXPECT_EQ(next_join_action(s, "a", Millis(1), kFar, settings), JoinAction::kErrorClosed);
+  EXPECT_EQ(next_join_action(s, "z", Millis(1), kFar, settings), JoinAction::kErrorClosed);
+}
+
+TEST(RendezvousState, RecordRoundTripsAndRejectsStrangers) {
+  RendezvousSettings settings(1, 3);
+  RendezvousState s;
+  join(s, "a", Millis(5), settings);
+  s.restarts = 2;
+  const auto back = decode(encode(s));
+  EXPECT_EQ(back, s);
+  ASSERT_TRUE(back.last_call.has_value());
+  join(s, "b", Millis(6), settings);
+  join(s, "c", Millis(7), settings);
+  EXPECT_EQ(decode(encode(s)), s);
+  EXPECT_THROW(decode("not json"), cohort::DataError);
+  EXPECT_THROW(decode(R"({"round": 1})"), cohort::DataError);
+}
+
+TEST(RendezvousConf, ParsesTorchrunKeysInSeconds) {
+  auto s = parse_rdzv_conf("join_timeout=900,last_call_timeout=1.5,close_timeout=10,keep_alive_interval=2,"
+                           "keep_alive_max_heartbeats=4",
+                           RendezvousSettings(1, 2));
+  EXPECT_EQ(s.join_timeout(), Millis(900'000));
+  EXPECT_EQ(s.last_call_timeout(), Millis(1'500));
+  EXPECT_EQ(s.close_timeout(), Millis(10'000));
+  EXPECT_EQ(s.keep_alive_interval(), Millis(2'000));
+  EXPECT_EQ(s.keep_alive_max_missed(), 4);
+  EXPECT_EQ(parse_rdzv_conf("", RendezvousSettings(1, 2)).join_timeout(), Millis(600'000));
+}
+
+TEST(RendezvousConf, BadValuesNameTheKey) {
+  auto message = [](const std::string& conf) {
+    try {
+      parse_rdzv_conf(conf, RendezvousSettings(1, 2));
+    } catch (const cohort::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("join_timeout=0").find("join_timeout=0: must be positive"), std::string::npos);
+  EXPECT_NE(message("last_call_timeout=-3").find("last_call_timeout=-3: must be positive"), std::string::npos);
+  EXPECT_NE(message("close_timeout=soon").find("close_timeout=soon: not a number"), std::string::npos);
+  EXPECT_NE(message("keep_alive_max_heartbeats=0").find("keep_alive_max_heartbeats=0"), std::string::npos);
+  EXPECT_NE(message("timeout=5").find("unknown key 'timeout'"), std::string::npos);
+  EXPECT_NE(message("join_timeout").find("KEY=VALUE"), std::string::npos);
+}
+
+}  // namespace
