@@ -16,18 +16,15 @@
 #include "cohort/checkpoint/trainer_state.h"
 #include "cohort/errors.h"
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace fs = std::filesystem;
 using namespace cohort::checkpoint;
 using cohort::testing::run_thread_world;
+using cohort::testing::TempDir;
 
 namespace {
-
-std::string temp_dir() {
-  char pattern[] = "/tmp/cohort-ckpt-XXXXXX";
-  return mkdtemp(pattern);
-}
 
 torch::nn::Sequential make_model(int hidden = 8) {
   return torch::nn::Sequential(torch::nn::Linear(4, hidden), torch::nn::ReLU(),
@@ -77,7 +74,8 @@ std::string joined(const std::vector<std::string>& v) {
 }  // namespace
 
 TEST(Checkpointer, RoundTripRestoresEverything) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   run_thread_world(1, [&](cohort::comm::World& world) {
     torch::manual_seed(1);
     auto model = make_model();
@@ -113,22 +111,22 @@ TEST(Checkpointer, RoundTripRestoresEverything) {
     train_steps(restored_model, restored_opt, 2);
     EXPECT_TRUE(same_parameters(*model, *restored_model));
   });
-  fs::remove_all(dir);
 }
 
 TEST(Checkpointer, NothingToLoad) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   run_thread_world(1, [&](cohort::comm::World& world) {
     auto model = make_model();
     torch::optim::SGD opt(model->parameters(), 0.1);
     Checkpointer ckpt(dir + "/not-yet", world.group());
     EXPECT_FALSE(ckpt.load_latest(*model, opt, torch::kCPU).has_value());
   });
-  fs::remove_all(dir);
 }
 
 TEST(Checkpointer, KeepsTheLastKAndClearsLeftovers) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   fs::create_directories(dir + "/.tmp-step-000000005.999");  // a dead writer's
   run_thread_world(1, [&](cohort::comm::World& world) {
     auto model = make_model();
@@ -145,7 +143,6 @@ TEST(Checkpointer, KeepsTheLastKAndClearsLeftovers) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
   }
-  fs::remove_all(dir);
 }
 
 namespace {
@@ -153,7 +150,8 @@ namespace {
 // Saves steps 10, 20, 30, each with every weight equal to its step, damages step 30
 // with `damage`, and returns what load_latest found plus the warnings.
 std::pair<std::int64_t, std::string> load_after_damage(const std::function<void(const std::string&)>& damage) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   std::int64_t loaded = -1;
   Warnings w;
   run_thread_world(1, [&](cohort::comm::World& world) {
@@ -173,7 +171,6 @@ std::pair<std::int64_t, std::string> load_after_damage(const std::function<void(
     loaded = restored->progress.step;
     for (auto& p : fresh->parameters()) EXPECT_TRUE(p.eq(static_cast<double>(loaded)).all().item<bool>());
   });
-  fs::remove_all(dir);
   return {loaded, joined(w.seen)};
 }
 
@@ -219,7 +216,8 @@ TEST(Checkpointer, FallsBackPastAManifestOfTheWrongShape) {
 }
 
 TEST(Checkpointer, ANewSaveAfterAFallbackIsKeptAndTheAbandonedStepsGo) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   run_thread_world(1, [&](cohort::comm::World& world) {
     auto model = make_model();
     torch::optim::SGD opt(model->parameters(), 0.1);
@@ -234,11 +232,11 @@ TEST(Checkpointer, ANewSaveAfterAFallbackIsKeptAndTheAbandonedStepsGo) {
     EXPECT_EQ(ckpt.steps_on_disk(), (std::vector<std::int64_t>{250}));
     EXPECT_EQ(ckpt.load_latest(*model, opt, torch::kCPU)->progress.step, 250);
   });
-  fs::remove_all(dir);
 }
 
 TEST(Checkpointer, AnotherModelIsAConfigErrorThatNamesTheKey) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   run_thread_world(1, [&](cohort::comm::World& world) {
     auto model = make_model(8);
     torch::optim::SGD opt(model->parameters(), 0.1);
@@ -256,11 +254,11 @@ TEST(Checkpointer, AnotherModelIsAConfigErrorThatNamesTheKey) {
     }
     EXPECT_TRUE(torch::equal(before, other->parameters()[0]));  // left unchanged
   });
-  fs::remove_all(dir);
 }
 
 TEST(Checkpointer, RankZeroWritesEveryRankLoads) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   torch::manual_seed(3);
   auto reference = make_model();
   run_thread_world(2, [&](cohort::comm::World& world) {
@@ -298,7 +296,6 @@ TEST(Checkpointer, RankZeroWritesEveryRankLoads) {
     EXPECT_TRUE(same_parameters(*fresh, *reference));
   });
   EXPECT_NE(joined(w.seen).find("saved by 2 ranks and is loaded by 1"), std::string::npos) << joined(w.seen);
-  fs::remove_all(dir);
 }
 
 TEST(Checkpointer, BadOptionsAndUnwritableDirectory) {
@@ -319,7 +316,8 @@ TEST(Checkpointer, BadOptionsAndUnwritableDirectory) {
 }
 
 TEST(StateDict, SavedFileLoadsBackAndChecksNames) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   torch::manual_seed(5);
   auto model = make_model();
   save_state_dict(*model, dir + "/w.pt");
@@ -328,7 +326,6 @@ TEST(StateDict, SavedFileLoadsBackAndChecksNames) {
   EXPECT_TRUE(same_parameters(*model, *other));
   fs::resize_file(dir + "/w.pt", 100);
   EXPECT_THROW(load_state_dict_file(*other, dir + "/w.pt"), cohort::DataError);
-  fs::remove_all(dir);
 }
 
 bool has_temporary_entry(const std::string& dir) {
@@ -343,7 +340,8 @@ bool has_temporary_entry(const std::string& dir) {
 // afterwards either loads exactly what was saved at its step, or is skipped.
 TEST(Checkpointer, KillDuringSaveNeverLeavesABadCheckpoint) {
   using namespace std::chrono_literals;
-  const auto dir = temp_dir();
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
   std::mt19937 random(12345);
   std::int64_t last_durable = 0;
   int caught_mid_save = 0;  // rounds whose kill left a half-written checkpoint
@@ -389,5 +387,4 @@ TEST(Checkpointer, KillDuringSaveNeverLeavesABadCheckpoint) {
   // The test is only worth something if kills landed inside saves.
   EXPECT_GE(caught_mid_save, 3);
   std::cout << caught_mid_save << " of " << kRounds << " kills landed inside a save\n";
-  fs::remove_all(dir);
 }

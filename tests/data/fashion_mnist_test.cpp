@@ -1,7 +1,6 @@
 // The IDX reader and the Fashion-MNIST dataset, on Debian's real files and on small
 // files made here (valid, truncated, bit-flipped, mislabelled).
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -12,32 +11,16 @@
 #include "cohort/data/fashion_mnist.h"
 #include "cohort/data/idx_file.h"
 #include "cohort/errors.h"
+#include "support/idx_writer.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using cohort::data::FashionMnist;
+using cohort::testing::idx_bytes;
+using cohort::testing::TempDir;
+using cohort::testing::write_gz;
 
 namespace {
-
-std::string temp_dir() {
-  char pattern[] = "/tmp/cohort-fmnist-XXXXXX";
-  return mkdtemp(pattern);
-}
-
-std::string idx_bytes(const std::vector<std::int64_t>& dims, const std::vector<std::uint8_t>& data) {
-  std::string out = {0, 0, 8, static_cast<char>(dims.size())};
-  for (auto d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((d >> shift) & 0xff));
-  }
-  out.append(data.begin(), data.end());
-  return out;
-}
-
-void write_gz(const std::string& path, const std::string& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
-  gzclose(f);
-}
 
 void write_plain(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
@@ -99,7 +82,8 @@ TEST(FashionMnist, ReadsDebiansFiles) {
 }
 
 TEST(FashionMnist, BatchesSelectImagesAndLabels) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-fmnist");
+  const auto& dir = temp.path;
   write_tiny_set(dir, "train", 5, /*gz=*/true);
   FashionMnist set(dir, FashionMnist::Split::kTrain);
   auto batch = set.get_batch({3, 1});
@@ -110,16 +94,15 @@ TEST(FashionMnist, BatchesSelectImagesAndLabels) {
   EXPECT_NEAR(batch.data[0].max().item<double>(), expected, 1e-6);
   EXPECT_NEAR(batch.data[0].min().item<double>(), expected, 1e-6);
   EXPECT_THROW(set.get_batch({5}), c10::Error);
-  fs::remove_all(dir);
 }
 
 TEST(FashionMnist, ReadsUnpackedFiles) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-fmnist");
+  const auto& dir = temp.path;
   write_tiny_set(dir, "t10k", 3, /*gz=*/false);
   FashionMnist set(dir, FashionMnist::Split::kTest);
   EXPECT_EQ(set.size().value(), 3u);
   EXPECT_EQ(set.images()[2][5][5].item<int>(), 20);
-  fs::remove_all(dir);
 }
 
 TEST(FashionMnist, MissingFilesSayHowToGetThem) {
@@ -129,29 +112,30 @@ TEST(FashionMnist, MissingFilesSayHowToGetThem) {
 }
 
 TEST(FashionMnist, TruncatedFileIsNamed) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-fmnist");
+  const auto& dir = temp.path;
   const std::string src = std::string(FashionMnist::kDefaultDirectory) + "/t10k-images-idx3-ubyte.gz";
   const std::string bytes = read_plain(src);
   fs::copy(std::string(FashionMnist::kDefaultDirectory) + "/t10k-labels-idx1-ubyte.gz", dir);
   write_plain(dir + "/t10k-images-idx3-ubyte.gz", bytes.substr(0, bytes.size() / 2));
   expect_data_error([&] { FashionMnist(dir, FashionMnist::Split::kTest); },
                     {dir + "/t10k-images-idx3-ubyte.gz", "truncated"});
-  fs::remove_all(dir);
 }
 
 TEST(FashionMnist, FlippedBitFailsTheCheck) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-fmnist");
+  const auto& dir = temp.path;
   std::string bytes = read_plain(std::string(FashionMnist::kDefaultDirectory) + "/t10k-labels-idx1-ubyte.gz");
   fs::copy(std::string(FashionMnist::kDefaultDirectory) + "/t10k-images-idx3-ubyte.gz", dir);
   bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
   write_plain(dir + "/t10k-labels-idx1-ubyte.gz", bytes);
   expect_data_error([&] { FashionMnist(dir, FashionMnist::Split::kTest); },
                     {dir + "/t10k-labels-idx1-ubyte.gz", "corrupt"});
-  fs::remove_all(dir);
 }
 
 TEST(FashionMnist, WrongContentIsNamed) {
-  const auto dir = temp_dir();
+  TempDir temp("cohort-fmnist");
+  const auto& dir = temp.path;
   // Not IDX at all.
   write_plain(dir + "/x", "hello, this is not an IDX file");
   expect_data_error([&] { cohort::data::read_idx_file(dir + "/x"); }, {dir + "/x", "not an IDX"});
@@ -168,5 +152,4 @@ TEST(FashionMnist, WrongContentIsNamed) {
   // Images of the wrong size.
   write_gz(dir + "/train-images-idx3-ubyte.gz", idx_bytes({4, 2, 2}, std::vector<std::uint8_t>(16)));
   expect_data_error([&] { FashionMnist(dir, FashionMnist::Split::kTrain); }, {"[N, 28, 28]"});
-  fs::remove_all(dir);
 }

@@ -10,24 +10,17 @@
 #include <fstream>
 #include <thread>
 
-#include <zlib.h>
-
 #include "cohort/data/idx_file.h"
+#include "support/idx_writer.h"
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/cohort-trainer-XXXXXX";
-    path = mkdtemp(pattern);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using cohort::testing::TempDir;
 
 std::vector<std::string> trainer(int nproc, const std::vector<std::string>& args) {
   std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", std::to_string(nproc), "--stop-timeout",
@@ -88,7 +81,7 @@ std::vector<std::string> with(std::vector<std::string> args, const std::vector<s
 }  // namespace
 
 TEST(Trainer, WorldTwoEqualsWorldOneWithTwiceTheBatch) {
-  TempDir dir;
+  TempDir dir("cohort-trainer");
   const auto two = dir.path + "/two.pt", one = dir.path + "/one.pt", half = dir.path + "/half.pt";
   auto r2 = run_trainer(2, with(kQuick, {"--batch-size", "16", "--save-final", two}));
   ASSERT_EQ(r2.exit_code, 0) << describe(r2);
@@ -106,7 +99,7 @@ TEST(Trainer, WorldTwoEqualsWorldOneWithTwiceTheBatch) {
 }
 
 TEST(Trainer, KilledAndResumedEqualsUninterrupted) {
-  TempDir dir;
+  TempDir dir("cohort-trainer");
   const std::vector<std::string> args = {"--deterministic", "--epochs", "2", "--limit-train-batches", "15",
                                          "--batch-size", "32", "--checkpoint-every", "4", "--seed", "5"};
   const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
@@ -145,15 +138,9 @@ std::string small_data_dir(const std::string& parent, int train) {
   const std::string source = "/usr/share/datasets/fashion-mnist";
   for (const char* name : {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) fs::copy(source + "/" + name, dir);
   auto write = [&](const std::string& name, std::vector<std::int64_t> dims, std::int64_t per_item) {
-    auto array = cohort::data::read_idx_file(source + "/" + name);
-    std::string bytes = {0, 0, 8, static_cast<char>(dims.size())};
-    for (auto d : dims) {
-      for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((d >> shift) & 0xff));
-    }
-    bytes.append(reinterpret_cast<const char*>(array.bytes.data()), static_cast<std::size_t>(train * per_item));
-    gzFile f = gzopen((dir + "/" + name).c_str(), "wb");
-    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
-    gzclose(f);
+    const auto array = cohort::data::read_idx_file(source + "/" + name);
+    cohort::testing::write_gz(dir + "/" + name,
+                              cohort::testing::idx_bytes(dims, array.bytes.data(), static_cast<std::size_t>(train * per_item)));
   };
   write("train-images-idx3-ubyte.gz", {train, 28, 28}, 28 * 28);
   write("train-labels-idx1-ubyte.gz", {train}, 1);
@@ -166,7 +153,7 @@ std::string small_data_dir(const std::string& parent, int train) {
 // re-sharded, nothing is lost or trained twice, and the weights equal the run that
 // one process did without stopping (world 2 × 16 trains the batches of world 1 × 32).
 TEST(Trainer, ResumedOnAnotherWorldSizeEqualsUninterrupted) {
-  TempDir dir;
+  TempDir dir("cohort-trainer");
   const auto data = small_data_dir(dir.path, 2000);
   const std::vector<std::string> args = {"--data-dir", data, "--epochs", "1", "--optimizer", "sgd",
                                          "--lr", "0.05", "--seed", "9"};
@@ -188,7 +175,7 @@ TEST(Trainer, ResumedOnAnotherWorldSizeEqualsUninterrupted) {
 }
 
 TEST(Trainer, PythonLoadsTheSavedStateDict) {
-  TempDir dir;
+  TempDir dir("cohort-trainer");
   const auto saved = dir.path + "/final.pt", resaved = dir.path + "/resaved.pt";
   auto r = run_trainer(1, with(kQuick, {"--batch-size", "64", "--save-final", saved}));
   ASSERT_EQ(r.exit_code, 0) << describe(r);

@@ -14,10 +14,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cohort/checkpoint/atomic_file.h"
+#include "cohort/checkpoint/manifest.h"
 #include "cohort/checkpoint/rng_state.h"
 #include "cohort/checkpoint/state_dict.h"
 #include "cohort/checkpoint/trainer_state.h"
@@ -29,9 +29,6 @@ namespace cohort::checkpoint {
 namespace {
 
 constexpr const char* kStepPrefix = "step-";
-constexpr const char* kManifest = "MANIFEST.json";
-constexpr const char* kFormat = "cohort-checkpoint";
-constexpr int kVersion = 1;
 const std::vector<std::string> kFiles = {"model.pt", "optimizer.pt", "trainer.pt"};
 
 std::optional<std::int64_t> step_of(const std::string& name) {
@@ -41,54 +38,6 @@ std::optional<std::int64_t> step_of(const std::string& name) {
     return std::nullopt;  // not ours (18 digits always fit in an int64)
   }
   return std::stoll(digits);
-}
-
-std::vector<std::string> read_verified_unchecked(const std::string& path, std::int64_t step);
-
-// The files of a checkpoint directory, each checked against the manifest. Throws
-// DataError saying what is wrong, whatever went wrong (a manifest of the wrong shape
-// too), so that callers can turn any failure into a collective answer.
-std::vector<std::string> read_verified(const std::string& path, std::int64_t step) {
-  try {
-    return read_verified_unchecked(path, step);
-  } catch (const DataError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw DataError(fmt::format("{}: unreadable ({})", path, e.what()));
-  }
-}
-
-std::vector<std::string> read_verified_unchecked(const std::string& path, std::int64_t step) {
-  nlohmann::json manifest;
-  try {
-    manifest = nlohmann::json::parse(read_whole_file(path + "/" + kManifest));
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}/{} is not valid JSON ({})", path, kManifest, e.what()));
-  }
-  if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion ||
-      manifest.value("step", std::int64_t{-1}) != step) {
-    throw DataError(fmt::format("{}/{} is not a version-{} manifest of step {}", path, kManifest,
-                                kVersion, step));
-  }
-  std::vector<std::string> contents;
-  for (const auto& name : kFiles) {
-    const auto entry = manifest["files"].find(name);
-    if (entry == manifest["files"].end()) {
-      throw DataError(fmt::format("{}/{} does not list {}", path, kManifest, name));
-    }
-    std::string bytes = read_whole_file(path + "/" + name);
-    const auto size = entry->value("bytes", std::uint64_t{0});
-    const auto crc = entry->value("crc32", std::uint32_t{0});
-    if (bytes.size() != size) {
-      throw DataError(fmt::format("{}/{} has {} bytes, the manifest says {} (truncated)", path,
-                                  name, bytes.size(), size));
-    }
-    if (crc32_of(bytes) != crc) {
-      throw DataError(fmt::format("{}/{} fails its CRC-32 (corrupt)", path, name));
-    }
-    contents.push_back(std::move(bytes));
-  }
-  return contents;
 }
 
 // One flag per rank, combined so that every rank learns whether any rank failed.
@@ -204,14 +153,9 @@ void Checkpointer::write(const std::string& final_path, const std::vector<std::s
   const std::string temp = fmt::format("{}/{}{}.{}", directory_, kTempPrefix, name, ::getpid());
   fs::remove_all(temp);
   fs::create_directory(temp);
-  nlohmann::json manifest = {{"format", kFormat}, {"version", kVersion}, {"files", nlohmann::json::object()}};
-  manifest["step"] = *step_of(name);
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    write_file_durably(temp + "/" + files[i], contents[i]);
-    manifest["files"][files[i]] = {{"bytes", contents[i].size()}, {"crc32", crc32_of(contents[i])}};
-  }
+  for (std::size_t i = 0; i < files.size(); ++i) write_file_durably(temp + "/" + files[i], contents[i]);
   // The manifest last: a directory with a manifest has every file it lists.
-  write_file_durably(temp + "/" + kManifest, manifest.dump(2));
+  write_file_durably(temp + "/" + kManifestName, manifest_json(*step_of(name), files, contents));
   fsync_directory(temp);
   // Saving a step that exists replaces it. rename(2) cannot replace a non-empty
   // directory, so the two are swapped in one atomic step and the old one, now under
@@ -255,7 +199,7 @@ std::optional<std::int64_t> Checkpointer::newest_good_step() const {
   auto steps = steps_on_disk();
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     try {
-      read_verified(path_of(*it), *it);
+      read_verified(path_of(*it), *it, kFiles);
       if (it != steps.rbegin()) {
         warn(fmt::format("falling back to the checkpoint {}", path_of(*it)));
       }
@@ -297,7 +241,7 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
   TrainerState trainer;
   std::string error;
   try {
-    contents = read_verified(path, step);
+    contents = read_verified(path, step, kFiles);
     trainer = decode_trainer_state(contents[2], path + "/trainer.pt");
   } catch (const std::exception& e) {
     error = e.what();
