@@ -143,11 +143,37 @@ TEST(RendezvousState, AClosedRendezvousRefusesEveryone) {
   EXPECT_EQ(next_join_action(s, "z", Millis(1), kFar, settings), JoinAction::kErrorClosed);
 }
 
+TEST(RendezvousState, AFailedRoundCountsOnceAndTheCountSurvivesRejoining) {
+  RendezvousSettings settings(1, 2);
+  RendezvousState s;
+  join(s, "a", Millis(0), settings);
+  join(s, "b", Millis(0), settings);
+  // Both nodes report round 0's failure: one restart.
+  EXPECT_TRUE(count_failure(s, 0, 2));
+  EXPECT_TRUE(count_failure(s, 0, 2));
+  EXPECT_EQ(s.restarts, 1);
+  leave(s, "a", settings);
+  leave(s, "b", settings);
+  ASSERT_EQ(s.round, 1);
+  // A node that leaves and joins again finds the count where it was (pytorch#147064).
+  join(s, "b", Millis(1), settings);
+  join(s, "a", Millis(1), settings);
+  EXPECT_TRUE(count_failure(s, 1, 2));
+  EXPECT_EQ(s.restarts, 2);
+  leave(s, "a", settings);
+  leave(s, "b", settings);
+  join(s, "a", Millis(2), settings);
+  EXPECT_FALSE(count_failure(s, 2, 2)) << "the third failure exceeds --max-restarts 2";
+  EXPECT_EQ(s.restarts, 2);
+  EXPECT_FALSE(count_failure(s, 2, 0));
+}
+
 TEST(RendezvousState, RecordRoundTripsAndRejectsStrangers) {
   RendezvousSettings settings(1, 3);
   RendezvousState s;
   join(s, "a", Millis(5), settings);
   s.restarts = 2;
+  s.failed_round = 1;
   const auto back = decode(encode(s));
   EXPECT_EQ(back, s);
   ASSERT_TRUE(back.last_call.has_value());

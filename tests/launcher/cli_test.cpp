@@ -50,10 +50,24 @@ TEST(Cli, StreamsAndFilter) {
   EXPECT_EQ(*o.local_ranks_filter, (std::set<int>{0, 2}));
 }
 
-TEST(Cli, StandaloneForcesLoopbackAndFreePort) {
-  auto o = parse({"--standalone", "--master-addr", "10.0.0.1", "--master-port", "1234", "prog"});
-  EXPECT_EQ(o.master_addr, "127.0.0.1");
-  EXPECT_EQ(o.master_port, 0);
+TEST(Cli, StandaloneIsTheElasticRendezvousOnLoopbackWithAFreePort) {
+  auto o = parse({"--standalone", "--rdzv-endpoint", "10.0.0.1:1234", "prog"});
+  EXPECT_EQ(o.rdzv_backend, "c10d");
+  EXPECT_EQ(o.rdzv_endpoint, "127.0.0.1:0");
+}
+
+TEST(Cli, ElasticFlags) {
+  auto o = parse({"--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv_endpoint", "node0:29500", "--rdzv-id", "job7",
+                  "--rdzv-conf", "join_timeout=5,last_call_timeout=1", "--max-restarts", "3", "prog"});
+  EXPECT_EQ(o.min_nodes, 1);
+  EXPECT_EQ(o.max_nodes, 4);
+  EXPECT_EQ(o.run_id, "job7");
+  EXPECT_EQ(o.rdzv_conf, "join_timeout=5,last_call_timeout=1");
+  auto e = cohort::launcher::parse_endpoint(o.rdzv_endpoint, "--rdzv-endpoint");
+  EXPECT_EQ(e.host, "node0");
+  EXPECT_EQ(e.port, 29500);
+  EXPECT_EQ(cohort::launcher::parse_endpoint("[::1]:7", "f").host, "::1");
+  EXPECT_EQ(cohort::launcher::parse_endpoint("h", "f").port, 29400);
 }
 
 TEST(Cli, HelpReturnsNothing) {
@@ -90,6 +104,27 @@ TEST(Cli, BadInputNamesTheFlag) {
   expect_usage_error({"--local-ranks-filter", "a", "prog"}, "--local-ranks-filter a");
   expect_usage_error({"--master-port", "x", "prog"}, "--master-port");
   expect_usage_error({}, "no program given");
+  // The elastic rendezvous.
+  const std::vector<std::string> elastic{"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = elastic;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("prog");
+    return args;
+  };
+  expect_usage_error(with({"--nnodes", "1:2:3"}), "--nnodes 1:2:3");
+  expect_usage_error(with({"--nnodes", "2:1"}), "MIN 2 is greater than MAX 1");
+  expect_usage_error(with({"--nnodes", "0:2"}), "at least 1");
+  expect_usage_error(with({"--rdzv-conf", "join_timeout=-3"}), "join_timeout=-3");
+  expect_usage_error(with({"--rdzv-conf", "last_call_timeout=0"}), "last_call_timeout=0");
+  expect_usage_error(with({"--rdzv-conf", "bogus=1"}), "bogus");
+  expect_usage_error(with({"--frozen-timeout", "-1"}), "--frozen-timeout");
+  expect_usage_error({"--rdzv-backend", "etcd", "prog"}, "--rdzv-backend etcd");
+  expect_usage_error({"--rdzv-backend", "c10d", "prog"}, "--rdzv-endpoint");
+  expect_usage_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:0", "prog"}, "port 0");
+  expect_usage_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:99999", "prog"}, "not a TCP port");
+  expect_usage_error({"--nnodes", "1:2", "prog"}, "--rdzv-backend c10d");
+  expect_usage_error({"--rdzv-endpoint", "h:5", "prog"}, "--rdzv-backend c10d");
 }
 
 TEST(Cli, ResolveNproc) {

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <thread>
 
-#include "cohort/data/idx_file.h"
-#include "support/idx_writer.h"
+#include "support/fashion_subset.h"
+#include "support/state_dicts.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -20,6 +20,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using cohort::testing::bitwise_equal;
+using cohort::testing::max_difference;
 using cohort::testing::TempDir;
 
 std::vector<std::string> trainer(int nproc, const std::vector<std::string>& args) {
@@ -36,38 +38,6 @@ cohort::testing::ProcessResult run_trainer(int nproc, const std::vector<std::str
 std::string describe(const cohort::testing::ProcessResult& r) {
   return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) +
          (r.timed_out ? " TIMED OUT" : "") + "\n--- stdout\n" + r.out + "\n--- stderr\n" + r.err;
-}
-
-c10::Dict<c10::IValue, c10::IValue> load_state(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return torch::pickle_load(bytes).toGenericDict();
-}
-
-// The largest elementwise difference between two state dicts with the same keys.
-double max_difference(const std::string& a, const std::string& b) {
-  auto da = load_state(a), db = load_state(b);
-  EXPECT_EQ(da.size(), db.size());
-  double worst = 0;
-  for (const auto& entry : da) {
-    const auto other = db.find(entry.key());
-    if (other == db.end()) {
-      ADD_FAILURE() << "missing " << entry.key().toStringRef();
-      continue;
-    }
-    worst = std::max(worst, (entry.value().toTensor() - other->value().toTensor()).abs().max().item<double>());
-  }
-  return worst;
-}
-
-bool bitwise_equal(const std::string& a, const std::string& b) {
-  auto da = load_state(a), db = load_state(b);
-  if (da.size() != db.size()) return false;
-  for (const auto& entry : da) {
-    const auto other = db.find(entry.key());
-    if (other == db.end() || !torch::equal(entry.value().toTensor(), other->value().toTensor())) return false;
-  }
-  return true;
 }
 
 const std::vector<std::string> kQuick = {"--epochs", "1", "--limit-train-batches", "8", "--optimizer", "sgd",
@@ -128,33 +98,13 @@ TEST(Trainer, KilledAndResumedEqualsUninterrupted) {
   EXPECT_TRUE(bitwise_equal(straight, resumed)) << "largest difference " << max_difference(straight, resumed);
 }
 
-namespace {
-
-// A Fashion-MNIST directory with the first `train` training images and the whole test
-// set, in the gzipped IDX layout, so that whole epochs take seconds.
-std::string small_data_dir(const std::string& parent, int train) {
-  const std::string dir = parent + "/data";
-  fs::create_directories(dir);
-  const std::string source = "/usr/share/datasets/fashion-mnist";
-  for (const char* name : {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) fs::copy(source + "/" + name, dir);
-  auto write = [&](const std::string& name, std::vector<std::int64_t> dims, std::int64_t per_item) {
-    const auto array = cohort::data::read_idx_file(source + "/" + name);
-    cohort::testing::write_gz(dir + "/" + name,
-                              cohort::testing::idx_bytes(dims, array.bytes.data(), static_cast<std::size_t>(train * per_item)));
-  };
-  write("train-images-idx3-ubyte.gz", {train, 28, 28}, 28 * 28);
-  write("train-labels-idx1-ubyte.gz", {train}, 1);
-  return dir;
-}
-
-}  // namespace
 
 // Stopped by one process mid-epoch and resumed by two: the rest of the epoch is
 // re-sharded, nothing is lost or trained twice, and the weights equal the run that
 // one process did without stopping (world 2 × 16 trains the batches of world 1 × 32).
 TEST(Trainer, ResumedOnAnotherWorldSizeEqualsUninterrupted) {
   TempDir dir("cohort-trainer");
-  const auto data = small_data_dir(dir.path, 2000);
+  const auto data = cohort::testing::fashion_subset(dir.path, 2000);
   const std::vector<std::string> args = {"--data-dir", data, "--epochs", "1", "--optimizer", "sgd",
                                          "--lr", "0.05", "--seed", "9"};
   const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";

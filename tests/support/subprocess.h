@@ -35,6 +35,7 @@ class Subprocess {
   // Waits for the exit, killing the child at the deadline.
   ProcessResult finish(std::chrono::milliseconds timeout);
   const std::string& out() const { return result_.out; }
+  const std::string& err() const { return result_.err; }
 
  private:
   bool pump(std::chrono::milliseconds max_wait);  // false once both pipes closed

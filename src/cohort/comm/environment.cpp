@@ -78,6 +78,14 @@ WorldInfo from_torchrun(const EnvMap& env) {
   w.run_id = lookup(env, "TORCHELASTIC_RUN_ID").value_or("");
   auto agent = lookup(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("False");
   w.use_agent_store = agent == "True" || agent == "true" || agent == "1";
+  w.store_prefix = lookup(env, "COHORT_STORE_PREFIX").value_or("/worker/attempt_" + std::to_string(w.restart_count));
+  if (w.use_agent_store && lookup(env, "COHORT_AGENT_STORE").value_or("") == "cohort") {
+    w.cohort_agent_store = true;
+    w.store_token = lookup(env, "COHORT_RDZV_TOKEN").value_or("");
+    if (w.store_token.empty())
+      throw ConfigError("COHORT_AGENT_STORE=cohort but COHORT_RDZV_TOKEN is empty: the agent's store admits only "
+                        "holders of the job's token; start the program with `cohort run`, which sets both");
+  }
   if (w.world_size > 1 || w.use_agent_store) {
     auto addr = lookup(env, "MASTER_ADDR");
     if (!addr)

@@ -37,6 +37,13 @@ struct WorldInfo {
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id;
+  // Under cohort's elastic agent (COHORT_AGENT_STORE=cohort): its store speaks
+  // cohort's authenticated protocol (store/store_client.h) with the job's token
+  // (COHORT_RDZV_TOKEN), under the prefix COHORT_STORE_PREFIX, which names the
+  // rendezvous round, so the store's one port serves every round.
+  bool cohort_agent_store = false;
+  std::string store_token;
+  std::string store_prefix;
 
   // Whether the launcher said how many ranks share this host. A hand-written launch
   // that gives only RANK and WORLD_SIZE is assumed to be one host, but not trusted

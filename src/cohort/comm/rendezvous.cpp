@@ -6,10 +6,28 @@
 #include <unistd.h>
 
 #include "cohort/errors.h"
+#include "cohort/store/store_client.h"
 #include "cohort/util/bytes.h"
 #include "cohort/util/host.h"
 
 namespace cohort::comm {
+
+namespace {
+
+// A client of the store `info` names: c10d's TCPStore, or the cohort agent's
+// authenticated store.
+c10::intrusive_ptr<c10d::Store> connect_client(const WorldInfo& info, std::chrono::milliseconds timeout) {
+  if (info.cohort_agent_store)
+    return c10::make_intrusive<store::StoreClient>(info.master_addr, info.master_port, info.store_token, timeout);
+  return compat::make_tcp_store(info.master_addr, static_cast<std::uint16_t>(info.master_port), false, timeout);
+}
+
+c10::intrusive_ptr<c10d::Store> under_agent_prefix(const WorldInfo& info, c10::intrusive_ptr<c10d::Store> store) {
+  if (!info.use_agent_store) return store;
+  return c10::make_intrusive<c10d::PrefixStore>(info.store_prefix, std::move(store));
+}
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const InitOptions& options) {
   if (info.master_addr.empty()) {
@@ -17,10 +35,15 @@ c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const In
     return c10::make_intrusive<c10d::HashStore>();
   }
   const bool server = !info.use_agent_store && info.rank == 0;
-  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  c10::intrusive_ptr<c10d::Store> store;
   try {
-    tcp = compat::make_tcp_store(info.master_addr, static_cast<std::uint16_t>(info.master_port), server,
-                                 options.join_timeout());
+    if (server)
+      store = compat::make_tcp_store(info.master_addr, static_cast<std::uint16_t>(info.master_port), true,
+                                     options.join_timeout());
+    else
+      store = connect_client(info, options.join_timeout());
+  } catch (const ConfigError&) {
+    throw;  // the agent's store refused our token: say so as it is
   } catch (const std::exception& e) {
     auto seconds = std::chrono::duration<double>(options.join_timeout()).count();
     if (server)
@@ -34,19 +57,15 @@ c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const In
                     info.use_agent_store ? "the launcher's agent" : "rank 0"),
         "connect to store", info.use_agent_store ? std::vector<int>{} : std::vector<int>{0});
   }
-  tcp->setTimeout(options.join_timeout());
-  if (!info.use_agent_store) return tcp;
-  return c10::make_intrusive<c10d::PrefixStore>(
-      "/worker/attempt_" + std::to_string(info.restart_count), tcp);
+  store->setTimeout(options.join_timeout());
+  return under_agent_prefix(info, std::move(store));
 }
 
 c10::intrusive_ptr<c10d::Store> connect_again(const WorldInfo& info, const c10::intrusive_ptr<c10d::Store>& store,
                                               std::chrono::milliseconds timeout) {
   if (info.master_addr.empty()) return store;
   // The first connection is up, so this one connects at once.
-  auto tcp = compat::make_tcp_store(info.master_addr, static_cast<std::uint16_t>(info.master_port), false, timeout);
-  if (!info.use_agent_store) return tcp;
-  return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(info.restart_count), tcp);
+  return under_agent_prefix(info, connect_client(info, timeout));
 }
 
 std::vector<size_t> wait_for_keys(c10d::Store& store, const std::vector<std::string>& keys,

@@ -3,7 +3,7 @@
 //
 // Note [LibTorch versions]
 // cohort builds against LibTorch 1.13 (Debian 12), 2.6 (Debian 13) and pip's 2.x with
-// CUDA. Two differences matter to us:
+// CUDA. These differences matter to us:
 //  * In 1.13 a backend such as ProcessGroupGloo *is* a c10d::ProcessGroup. In 2.x it
 //    derives from c10d::Backend, and c10d::ProcessGroup became a dispatcher over
 //    backends. cohort only ever talks to the backend, so compat::Backend names
@@ -11,6 +11,8 @@
 //  * 2.x's TCPStore server defaults to a libuv event loop (TCPStoreOptions::useLibUV),
 //    but Debian's 2.6 is built without libuv and throws. make_tcp_store() asks for the
 //    classic server wherever the field exists.
+//  * 2.1 added append/multiGet/multiSet/hasExtendedApi to c10d::Store; a store
+//    overrides them where COHORT_C10D_STORE_HAS_EXTENDED_API is 1.
 // Nothing outside this header may test TORCH_VERSION_*.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -21,6 +23,13 @@
 
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+// c10d::Store::append, multiGet, multiSet and hasExtendedApi exist (LibTorch >= 2.1).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define COHORT_C10D_STORE_HAS_EXTENDED_API 1
+#else
+#define COHORT_C10D_STORE_HAS_EXTENDED_API 0
 #endif
 
 #include <chrono>

@@ -92,7 +92,7 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
 bool RendezvousState::operator==(const RendezvousState& o) const {
   return round == o.round && complete == o.complete && closed == o.closed && last_call == o.last_call &&
          participants == o.participants && wait_list == o.wait_list && heartbeats == o.heartbeats &&
-         restarts == o.restarts;
+         restarts == o.restarts && failed_round == o.failed_round;
 }
 
 const char* to_string(JoinAction action) {
@@ -181,6 +181,14 @@ std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, con
   return dead;
 }
 
+bool count_failure(RendezvousState& state, std::int64_t round, int max_restarts) {
+  if (state.failed_round >= round) return true;  // another node counted it already
+  if (state.restarts >= max_restarts) return false;
+  ++state.restarts;
+  state.failed_round = round;
+  return true;
+}
+
 int nodes_waiting(const RendezvousState& state) { return static_cast<int>(state.wait_list.size()); }
 
 std::string encode(const RendezvousState& s) {
@@ -189,7 +197,8 @@ std::string encode(const RendezvousState& s) {
                       {"closed", s.closed},
                       {"participants", s.participants},
                       {"wait_list", s.wait_list},
-                      {"restarts", s.restarts}};
+                      {"restarts", s.restarts},
+                      {"failed_round", s.failed_round}};
   j["last_call"] = s.last_call ? nlohmann::json(s.last_call->count()) : nlohmann::json(nullptr);
   nlohmann::json beats = nlohmann::json::object();
   for (const auto& [node, at] : s.heartbeats) beats[node] = at.count();
@@ -207,6 +216,7 @@ RendezvousState decode(const std::string& bytes) {
     s.participants = j.at("participants").get<std::map<std::string, int>>();
     s.wait_list = j.at("wait_list").get<std::set<std::string>>();
     s.restarts = j.at("restarts").get<std::int64_t>();
+    s.failed_round = j.at("failed_round").get<std::int64_t>();
     if (!j.at("last_call").is_null()) s.last_call = Millis(j.at("last_call").get<std::int64_t>());
     for (const auto& [node, at] : j.at("heartbeats").items()) s.heartbeats[node] = Millis(at.get<std::int64_t>());
     return s;

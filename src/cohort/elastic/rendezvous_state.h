@@ -18,7 +18,9 @@
 //  - A node whose heartbeats stop for keep_alive_interval * keep_alive_max_missed is
 //    dropped by whoever notices (drop_dead_nodes), so a dead node never blocks a round.
 //  - `restarts` counts failure restarts for the whole job, in the shared record, so a
-//    node cannot reset it by leaving and joining again (pytorch#147064).
+//    node cannot reset it by leaving and joining again (pytorch#147064). One failure
+//    makes every node's workers fail (the others as casualties), so a failed round is
+//    counted once, by whichever node reports it first (`failed_round`).
 #include <torch/arg.h>
 
 #include <chrono>
@@ -61,6 +63,7 @@ struct RendezvousState {
   std::set<std::string> wait_list;  // arrived after completion, for the next round
   std::map<std::string, Millis> heartbeats;  // of participants and waiting nodes
   std::int64_t restarts = 0;  // failure restarts of the whole job
+  std::int64_t failed_round = -1;  // the last round whose failure was counted
 
   bool operator==(const RendezvousState& other) const;
 };
@@ -93,6 +96,10 @@ void heartbeat(RendezvousState& state, const std::string& node, Millis now);
 std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, const RendezvousSettings& settings);
 // Nodes waiting for the next round: a running job restarts to take them in.
 int nodes_waiting(const RendezvousState& state);
+
+// Counts the failure of `round` against max_restarts, once however many nodes report
+// it. Returns false when the restarts are used up: the caller closes the job.
+bool count_failure(RendezvousState& state, std::int64_t round, int max_restarts);
 
 // The record as stored (JSON). decode throws cohort::DataError on anything else.
 std::string encode(const RendezvousState& state);

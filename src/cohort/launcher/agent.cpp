@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "cohort/launcher/elastic_agent.h"
 #include "cohort/launcher/failure.h"
 #include "cohort/launcher/static_rendezvous.h"
 #include "cohort/launcher/worker_group.h"
@@ -110,6 +111,11 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   std::string run_id = options.run_id;
   if (options.standalone && run_id == "none") run_id = random_id();
   RunDirectory dir(options, run_id);
+  if (is_elastic(options)) {
+    install_signal_handlers();
+    AgentSetup setup{options, env, program, nproc, run_id, [&](int n) { return dir.attempt(n); }, g_signal_pipe[0]};
+    return run_elastic_agent(setup);
+  }
   const auto timeout = util::timeout_from_seconds(options.join_timeout, "--join-timeout");
 
   StaticRendezvous rendezvous(options, timeout);

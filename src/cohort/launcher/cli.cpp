@@ -36,7 +36,7 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
   app.add_option(spellings("nproc-per-node"), o.nproc_per_node,
                  "Workers on this node: N, auto (GPUs if any, else CPUs), cpu (CPU count) or gpu (GPU count)")
       ->default_str("1");
-  app.add_option("--nnodes", nnodes, "Number of nodes: N (static). MIN:MAX is reserved for elastic runs")
+  app.add_option("--nnodes", nnodes, "Number of nodes: N, or MIN:MAX for an elastic job (--rdzv-backend c10d)")
       ->default_str("1");
   app.add_option(spellings("node-rank"), o.node_rank, "This node's rank among the nodes, 0..N-1")->default_str("0");
   app.add_option(spellings("master-addr"), o.master_addr,
@@ -45,13 +45,27 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
   app.add_option(spellings("master-port"), o.master_port,
                  "Port of the rendezvous store on node 0; 0 or absent picks a free port (one node only)")
       ->default_str("0");
-  app.add_flag("--standalone", o.standalone, "Single node on localhost with a free port; ignores --master-*");
+  app.add_flag("--standalone", o.standalone,
+               "Single node: the elastic rendezvous on loopback with a free port and a fresh token");
+  app.add_option(spellings("rdzv-backend"), o.rdzv_backend,
+                 "static (fixed nodes, --master-addr/--master-port) or c10d (elastic: --rdzv-endpoint)")
+      ->default_str("static");
+  app.add_option(spellings("rdzv-endpoint"), o.rdzv_endpoint,
+                 "HOST:PORT of the elastic rendezvous store; the agent on HOST hosts it (port 29400 if absent)");
+  app.add_option(spellings("rdzv-conf"), o.rdzv_conf,
+                 "join_timeout=S,last_call_timeout=S,close_timeout=S,keep_alive_interval=S,"
+                 "keep_alive_max_heartbeats=N");
+  app.add_option(spellings("rdzv-token"), o.rdzv_token,
+                 "The job's shared secret; prefer the COHORT_RDZV_TOKEN variable (a flag shows in `ps`)");
+  app.add_option(spellings("frozen-timeout"), o.frozen_timeout,
+                 "Seconds a worker may stay stopped (SIGSTOP) before it counts as hung and the job restarts")
+      ->default_str("5");
   app.add_option(spellings("rdzv-id") + "," + spellings("run-id"), o.run_id,
                  "Job id, exported as TORCHELASTIC_RUN_ID")
       ->default_str("none");
   app.add_option("--role", o.role, "Worker role name (ROLE_NAME)")->default_str("default");
   app.add_option(spellings("max-restarts"), o.max_restarts,
-                 "Restart all workers up to this many times after a failure (one node)")
+                 "Restart all workers up to this many times after a failure, counted for the whole job")
       ->default_str("0");
   app.add_option(spellings("monitor-interval"), o.monitor_interval,
                  "Seconds between liveness checks of the workers (exits are also seen at once)")
@@ -114,7 +128,10 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
     }
     o.local_ranks_filter = ranks;
   }
-  if (o.standalone) o.master_addr = "127.0.0.1", o.master_port = 0;
+  if (o.standalone) {
+    o.rdzv_backend = "c10d";
+    o.rdzv_endpoint = "127.0.0.1:0";
+  }
   validate(o);
   return o;
 }

@@ -35,6 +35,12 @@ const WorkerOutcome* root_cause(const std::vector<WorkerOutcome>& in_exit_order)
   return nullptr;
 }
 
+std::string describe_outcome(const WorkerOutcome& w) {
+  auto text = describe_status(w.wait_status);
+  if (w.frozen) text += " (hung: it stayed stopped for --frozen-timeout, so the agent killed it)";
+  return text;
+}
+
 std::string failure_summary(const std::vector<WorkerOutcome>& in_exit_order, const FailureContext& c) {
   std::string out = fmt::format("cohort run: the job failed (run id '{}', attempt {}, --max-restarts {})\n", c.run_id,
                                 c.attempt, c.max_restarts);
@@ -42,8 +48,7 @@ std::string failure_summary(const std::vector<WorkerOutcome>& in_exit_order, con
   if (root) {
     out += fmt::format(
         "  root cause (first worker to fail):\n    rank {} (local rank {} on node {}, host {}), pid {}: {}\n",
-        root->slot.rank, root->slot.local_rank, root->slot.group_rank, c.host, root->pid,
-        describe_status(root->wait_status));
+        root->slot.rank, root->slot.local_rank, root->slot.group_rank, c.host, root->pid, describe_outcome(*root));
     if (root->error) {
       out += fmt::format("    message: {}\n", root->error->message);
       out += fmt::format("    error file: {}\n", root->error_file);
@@ -54,7 +59,7 @@ std::string failure_summary(const std::vector<WorkerOutcome>& in_exit_order, con
   }
   for (const auto& w : in_exit_order) {
     if (&w == root || w.succeeded()) continue;
-    out += fmt::format("  rank {} (pid {}): {}{}\n", w.slot.rank, w.pid, describe_status(w.wait_status),
+    out += fmt::format("  rank {} (pid {}): {}{}\n", w.slot.rank, w.pid, describe_outcome(w),
                        w.stopped_by_launcher ? ", stopped by the launcher" : "");
   }
   return out;

@@ -16,6 +16,8 @@ struct WorkerOutcome {
   pid_t pid = -1;
   int wait_status = 0;
   bool stopped_by_launcher = false;  // it was still running when the launcher stopped it
+  std::int64_t exited_at_ms = 0;  // wall-clock, for ordering failures across nodes
+  bool frozen = false;  // killed after staying stopped (SIGSTOP) for --frozen-timeout
   std::optional<elastic::ErrorRecord> error;
   std::string error_file;
 
@@ -36,6 +38,9 @@ struct FailureContext {
   int attempt = 0;
   int max_restarts = 0;
 };
+
+// "exit code 3", "killed by SIGKILL (hung: ...)".
+std::string describe_outcome(const WorkerOutcome& outcome);
 
 std::string failure_summary(const std::vector<WorkerOutcome>& in_exit_order, const FailureContext& context);
 

@@ -6,6 +6,7 @@
 
 #include <sstream>
 
+#include "cohort/elastic/rendezvous_state.h"
 #include "cohort/util/parse.h"
 
 namespace cohort::launcher {
@@ -85,6 +86,40 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
   return {static_cast<int>(lo), static_cast<int>(hi)};
 }
 
+bool is_elastic(const RunOptions& o) { return o.rdzv_backend == "c10d"; }
+
+Endpoint parse_endpoint(const std::string& text, const std::string& flag) {
+  Endpoint e;
+  std::string port;
+  if (!text.empty() && text.front() == '[') {
+    auto close = text.find(']');
+    if (close == std::string::npos) throw UsageError(fmt::format("{} {}: unclosed '['", flag, text));
+    e.host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') throw UsageError(fmt::format("{} {}: write [ADDRESS]:PORT", flag, text));
+      port = text.substr(close + 2);
+    }
+  } else {
+    auto colon = text.rfind(':');
+    e.host = text.substr(0, colon);
+    if (colon != std::string::npos) port = text.substr(colon + 1);
+    if (e.host.find(':') != std::string::npos)
+      throw UsageError(fmt::format("{} {}: put an IPv6 address in brackets, [ADDRESS]:PORT", flag, text));
+  }
+  if (e.host.empty()) throw UsageError(fmt::format("{} {}: give HOST:PORT, e.g. node0.example:29400", flag, text));
+  if (!port.empty() || text.back() == ':') {
+    long p = -1;
+    try {
+      p = util::parse_long(port, flag);
+    } catch (const ConfigError&) {
+    }
+    if (p < 0 || p > 65535)
+      throw UsageError(fmt::format("{} {}: '{}' is not a TCP port (0-65535)", flag, text, port));
+    e.port = static_cast<int>(p);
+  }
+  return e;
+}
+
 int resolve_nproc(const std::string& spec, int cpu_count, int gpu_count) {
   if (spec == "auto") return gpu_count > 0 ? gpu_count : cpu_count;
   if (spec == "cpu") return cpu_count;
@@ -99,14 +134,67 @@ int resolve_nproc(const std::string& spec, int cpu_count, int gpu_count) {
   return static_cast<int>(n);
 }
 
+namespace {
+
+// What every backend checks.
+void validate_common(const RunOptions& o) {
+  if (o.max_restarts < 0)
+    throw UsageError(fmt::format("--max-restarts {}: must be 0 or more", o.max_restarts));
+  for (auto [flag, value] : {std::pair<const char*, double>{"--monitor-interval", o.monitor_interval},
+                             {"--stop-timeout", o.stop_timeout},
+                             {"--join-timeout", o.join_timeout},
+                             {"--frozen-timeout", o.frozen_timeout}}) {
+    try {
+      util::timeout_from_seconds(value, flag);
+    } catch (const ConfigError& e) {
+      throw UsageError(e.what());
+    }
+  }
+  if (o.program.empty())
+    throw UsageError("no program given: cohort run [flags] [--] PROGRAM [ARGS...]");
+}
+
+void validate_elastic(const RunOptions& o) {
+  if (o.rdzv_endpoint.empty())
+    throw UsageError("--rdzv-endpoint: the elastic rendezvous needs HOST:PORT of the agent that hosts its store "
+                     "(every node passes the same), or --standalone for one node");
+  const auto endpoint = parse_endpoint(o.rdzv_endpoint, "--rdzv-endpoint");
+  if (endpoint.port == 0 && !o.standalone)
+    throw UsageError(fmt::format("--rdzv-endpoint {}: port 0 only works with --standalone; every node must know "
+                                 "the port, so give one (torchrun's default is 29400)",
+                                 o.rdzv_endpoint));
+  try {
+    elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes));
+  } catch (const UsageError&) {
+    throw;
+  } catch (const ConfigError& e) {
+    throw UsageError(e.what());
+  }
+  if (o.node_rank != 0)
+    throw UsageError("--node-rank: the elastic rendezvous gives node ranks itself; drop the flag");
+  if (o.standalone && o.max_nodes > 1)
+    throw UsageError("--standalone runs a single node; drop it, or use --nnodes 1");
+  validate_common(o);
+}
+
+}  // namespace
+
 void validate(const RunOptions& o) {
   if (o.nproc_per_node != "auto" && o.nproc_per_node != "cpu" && o.nproc_per_node != "gpu")
     resolve_nproc(o.nproc_per_node, 1, 0);
+  if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d")
+    throw UsageError(fmt::format("--rdzv-backend {}: use c10d (elastic, cohort's authenticated store) or static",
+                                 o.rdzv_backend));
+  if (is_elastic(o)) {
+    validate_elastic(o);
+    return;
+  }
   if (o.min_nodes != o.max_nodes)
-    throw UsageError(fmt::format("--nnodes {}:{}: an elastic range needs an elastic rendezvous "
-                                 "(--rdzv-backend c10d), which this launcher does not offer yet; give a fixed "
-                                 "number of nodes",
+    throw UsageError(fmt::format("--nnodes {}:{}: an elastic range needs the elastic rendezvous; add "
+                                 "--rdzv-backend c10d --rdzv-endpoint HOST:PORT",
                                  o.min_nodes, o.max_nodes));
+  if (!o.rdzv_endpoint.empty() || !o.rdzv_conf.empty())
+    throw UsageError("--rdzv-endpoint/--rdzv-conf belong to the elastic rendezvous; add --rdzv-backend c10d");
   if (o.node_rank < 0 || o.node_rank >= o.max_nodes)
     throw UsageError(fmt::format("--node-rank {}: must be in [0, {}) for --nnodes {}", o.node_rank, o.max_nodes,
                                  o.max_nodes));
@@ -119,21 +207,9 @@ void validate(const RunOptions& o) {
   if (o.max_nodes > 1 && o.standalone)
     throw UsageError("--standalone runs a single node; drop it, or use --nnodes 1");
   if (o.max_nodes > 1 && o.max_restarts > 0)
-    throw UsageError("--max-restarts: restarting a job of several nodes needs the elastic rendezvous "
-                     "(--rdzv-backend c10d), which this launcher does not offer yet; use --max-restarts 0");
-  if (o.max_restarts < 0)
-    throw UsageError(fmt::format("--max-restarts {}: must be 0 or more", o.max_restarts));
-  for (auto [flag, value] : {std::pair<const char*, double>{"--monitor-interval", o.monitor_interval},
-                             {"--stop-timeout", o.stop_timeout},
-                             {"--join-timeout", o.join_timeout}}) {
-    try {
-      util::timeout_from_seconds(value, flag);
-    } catch (const ConfigError& e) {
-      throw UsageError(e.what());
-    }
-  }
-  if (o.program.empty())
-    throw UsageError("no program given: cohort run [flags] [--] PROGRAM [ARGS...]");
+    throw UsageError("--max-restarts: restarting a job of several nodes needs the elastic rendezvous; add "
+                     "--rdzv-backend c10d --rdzv-endpoint HOST:PORT");
+  validate_common(o);
 }
 
 std::string resolve_program(const std::string& program, const std::string& path_env) {

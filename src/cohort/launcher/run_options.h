@@ -40,10 +40,18 @@ struct RunOptions {
   bool standalone = false;
   std::string run_id = "none";
   std::string role = "default";
+  // Elastic rendezvous (torchrun's --rdzv-*). "static" is the fixed-size
+  // --master-addr/--master-port rendezvous; "c10d" the elastic one
+  // (launcher/elastic_agent.h), which --standalone implies.
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;  // HOST[:PORT], default port 29400
+  std::string rdzv_conf;
+  std::string rdzv_token;  // --rdzv-token, else COHORT_RDZV_TOKEN
   int max_restarts = 0;
   double monitor_interval = 0.1;  // seconds
   double stop_timeout = 5.0;      // seconds between SIGTERM and SIGKILL
   double join_timeout = 300.0;    // seconds for the agents of a multi-node job to meet
+  double frozen_timeout = 5.0;    // seconds a worker may stay stopped (SIGSTOP) before it counts as hung
   std::string log_dir;
   StreamSelection redirects;
   StreamSelection tee;
@@ -51,6 +59,15 @@ struct RunOptions {
   std::string program;
   std::vector<std::string> program_args;
 };
+
+bool is_elastic(const RunOptions& options);
+
+// "HOST:PORT" or "HOST" (port 29400, torchrun's default), IPv6 in brackets.
+struct Endpoint {
+  std::string host;
+  int port = 29400;
+};
+Endpoint parse_endpoint(const std::string& text, const std::string& flag);
 
 // "2" -> {2,2}; "1:4" -> {1,4}. Throws UsageError for "1:2:3", "3:1", "0", "-1".
 std::pair<int, int> parse_nnodes(const std::string& text);

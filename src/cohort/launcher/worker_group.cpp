@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "cohort/elastic/error_file.h"
 
@@ -19,6 +21,15 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr auto kSettle = std::chrono::milliseconds(1000);
+
+// Whether `pid` is stopped by a signal (state T in /proc/PID/stat); a tracer's stop
+// (t, a debugger) is not a hang.
+bool is_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');  // the command name may itself hold ')' or spaces
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+}
 
 int open_log(const fs::path& path) { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); }
 
@@ -115,10 +126,46 @@ AttemptResult WorkerGroup::monitor() {
         router_.pump(p.fd);
     }
     reap(result);  // also catches exits whose SIGCHLD coalesced with another
+    tick(result);
   }
   result.success = result.received_signal == 0;
   for (const auto& o : result.in_exit_order) result.success = result.success && o.succeeded();
   return result;
+}
+
+void WorkerGroup::tick(AttemptResult& result) {
+  auto now = Clock::now();
+  if (now < next_tick_ || running() == 0) return;
+  next_tick_ = now + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::max(options_.monitor_interval, 0.05)));
+  kill_frozen();
+  if (!stopping_ && tick_ && tick_()) {
+    result.interrupted = true;
+    begin_stop(SIGTERM, false);
+  }
+}
+
+// Note [Frozen workers]
+// A worker stopped by SIGSTOP (or SIGTSTP) makes no progress and never exits; its
+// peers would only notice when a collective times out (COHORT_TIMEOUT, minutes). The
+// agent looks at each worker's state every tick, and one that has stayed stopped for
+// --frozen-timeout is killed with SIGKILL (which works on a stopped process) and
+// reported as hung; the usual failure path then restarts the job.
+void WorkerGroup::kill_frozen() {
+  auto now = Clock::now();
+  auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.frozen_timeout));
+  for (auto& w : workers_) {
+    if (w.exited) continue;
+    if (!is_stopped(w.outcome.pid)) {
+      w.stopped_since = {};
+      continue;
+    }
+    if (w.stopped_since == Clock::time_point{}) w.stopped_since = now;
+    if (now - w.stopped_since >= limit && !w.outcome.frozen) {
+      w.outcome.frozen = true;
+      w.process.signal_group(SIGKILL);
+    }
+  }
 }
 
 int WorkerGroup::running() const {
@@ -145,6 +192,7 @@ void WorkerGroup::send_stop() {
     if (w.exited) continue;
     w.outcome.stopped_by_launcher = true;
     w.process.signal_group(stop_signal_);
+    w.process.signal_group(SIGCONT);  // a stopped worker acts on the signal only once resumed
   }
 }
 
@@ -192,6 +240,9 @@ void WorkerGroup::reap(AttemptResult& result) {
     if (waitpid(w.outcome.pid, &status, WNOHANG) != w.outcome.pid) continue;
     w.exited = true;
     w.outcome.wait_status = status;
+    w.outcome.exited_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
     w.process.signal_group(SIGKILL);  // whatever it left behind (Note [No orphans])
     // Exiting 0 while being stopped is a clean stop, not a casualty.
     if (w.outcome.succeeded()) w.outcome.stopped_by_launcher = false;

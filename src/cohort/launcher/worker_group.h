@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ namespace cohort::launcher {
 struct AttemptResult {
   bool success = false;
   int received_signal = 0;  // a signal the launcher received, forwarded to the workers
+  bool interrupted = false;  // stopped because the tick asked (a membership change)
   std::vector<WorkerOutcome> in_exit_order;
 };
 
@@ -39,6 +41,11 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
+  // Called every --monitor-interval while the workers run; returning true stops
+  // them all (SIGTERM, then SIGKILL after --stop-timeout) without counting as a
+  // failure. What it throws propagates out of monitor(), and the workers are killed.
+  void on_tick(std::function<bool()> tick) { tick_ = std::move(tick); }
+
   // Runs until every worker has exited and its output is drained.
   AttemptResult monitor();
 
@@ -47,6 +54,7 @@ class WorkerGroup {
     WorkerProcess process;
     WorkerOutcome outcome;
     bool exited = false;
+    std::chrono::steady_clock::time_point stopped_since{};  // epoch: not seen stopped
   };
   using Clock = std::chrono::steady_clock;
 
@@ -63,6 +71,8 @@ class WorkerGroup {
   void kill_and_reap_all();
   void drain_signals(AttemptResult& result);
   void reap(AttemptResult& result);
+  void tick(AttemptResult& result);
+  void kill_frozen();
 
   const RunOptions& options_;
   int signal_fd_;
@@ -73,6 +83,8 @@ class WorkerGroup {
   int stop_signal_ = SIGTERM;
   Clock::time_point term_at_ = Clock::time_point::max();
   Clock::time_point kill_at_ = Clock::time_point::max();
+  Clock::time_point next_tick_ = Clock::time_point::min();
+  std::function<bool()> tick_;
 };
 
 }  // namespace cohort::launcher

@@ -1,0 +1,117 @@
+#include "cohort/elastic/dynamic_rendezvous.h"
+
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "cohort/util/bytes.h"
+
+namespace cohort::elastic {
+namespace {
+
+constexpr auto kPollEvery = std::chrono::milliseconds(50);
+
+double seconds_of(Millis m) { return std::chrono::duration<double>(m).count(); }
+
+}  // namespace
+
+Millis wall_now() {
+  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch());
+}
+
+DynamicRendezvous::DynamicRendezvous(c10::intrusive_ptr<c10d::Store> store, std::string run_id, std::string node,
+                                     RendezvousSettings settings)
+    : store_(std::move(store)),
+      prefix_("cohort/rdzv/" + run_id + "/"),
+      node_(std::move(node)),
+      settings_(settings) {}
+
+std::string DynamicRendezvous::key(const std::string& name) const { return prefix_ + name; }
+
+RendezvousState DynamicRendezvous::read() {
+  const auto k = key("state");
+  // get() blocks on a missing key, so look first; the record is never deleted.
+  if (!store_->check({k})) return RendezvousState{};
+  return decode(util::from_bytes(store_->get(k)));
+}
+
+RendezvousState DynamicRendezvous::update(const std::function<bool(RendezvousState&)>& change) {
+  const auto k = key("state");
+  std::vector<std::uint8_t> seen;
+  if (store_->check({k})) seen = store_->get(k);
+  while (true) {
+    RendezvousState state = seen.empty() ? RendezvousState{} : decode(util::from_bytes(seen));
+    if (!change(state)) return state;
+    auto desired = util::to_bytes(encode(state));
+    if (desired == seen) return state;
+    auto now_there = store_->compareSet(k, seen, desired);
+    if (now_there == desired) return state;
+    seen = std::move(now_there);  // somebody else wrote first: decide again on theirs
+  }
+}
+
+Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
+  const Millis deadline = wall_now() + settings_.join_timeout();
+  while (true) {
+    JoinAction action = JoinAction::kWait;
+    const auto state = update([&](RendezvousState& s) {
+      const auto now = wall_now();
+      drop_dead_nodes(s, now, settings_);
+      action = next_join_action(s, node_, now, deadline, settings_);
+      apply(s, action, node_, now, settings_);
+      return true;
+    });
+    switch (action) {
+      case JoinAction::kFinish: {
+        Round r;
+        r.round = state.round;
+        r.rank = state.participants.at(node_);
+        r.world_size = static_cast<int>(state.participants.size());
+        r.nodes.resize(state.participants.size());
+        for (const auto& [node, rank] : state.participants) r.nodes.at(static_cast<size_t>(rank)) = node;
+        r.restarts = state.restarts;
+        return r;
+      }
+      case JoinAction::kErrorClosed:
+        throw RendezvousClosedError("cohort run: the job's rendezvous is closed (the job has finished or failed); "
+                                    "start a new job with another --rdzv-id to run again");
+      case JoinAction::kRemoveSelf:
+      case JoinAction::kErrorTimeout:
+        throw TimeoutError(
+            fmt::format("cohort run: waited {:.0f} s (join_timeout) for a rendezvous round of {} to {} nodes; {} "
+                        "node(s) took part, {} waited.\n  fix: start `cohort run` on more nodes with the same "
+                        "--rdzv-endpoint and --rdzv-id, lower the minimum of --nnodes, or raise "
+                        "--rdzv-conf join_timeout=SECONDS",
+                        seconds_of(settings_.join_timeout()), settings_.min_nodes(), settings_.max_nodes(),
+                        state.participants.size(), state.wait_list.size()),
+            "rendezvous", {});
+      case JoinAction::kWait:
+        if (poll) poll();
+        std::this_thread::sleep_for(kPollEvery);
+        break;
+      default:
+        break;  // it changed the record: look again at once
+    }
+  }
+}
+
+void DynamicRendezvous::leave() {
+  update([&](RendezvousState& s) {
+    if (!s.participants.count(node_) && !s.wait_list.count(node_)) return false;
+    elastic::leave(s, node_, settings_);
+    return true;
+  });
+}
+
+std::vector<std::string> DynamicRendezvous::keep_alive() {
+  std::vector<std::string> dropped;
+  update([&](RendezvousState& s) {
+    const auto now = wall_now();
+    heartbeat(s, node_, now);
+    dropped = drop_dead_nodes(s, now, settings_);
+    return true;
+  });
+  return dropped;
+}
+
+}  // namespace cohort::elastic

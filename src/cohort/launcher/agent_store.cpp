@@ -1,0 +1,145 @@
+#include "cohort/launcher/agent_store.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <openssl/rand.h>
+
+#include <cstring>
+#include <set>
+
+#include "cohort/store/store_client.h"
+
+namespace cohort::launcher {
+namespace {
+
+constexpr std::size_t kMinTokenLength = 16;
+// A store of this job answers its handshake at once; this bounds the look at a port
+// that something else holds.
+constexpr auto kProbeTimeout = std::chrono::seconds(5);
+
+std::string fresh_token() {
+  unsigned char raw[32];
+  if (RAND_bytes(raw, sizeof raw) != 1) throw Error("cohort run: the system's random source failed");
+  std::string hex;
+  for (unsigned char c : raw) hex += fmt::format("{:02x}", c);
+  return hex;
+}
+
+// The IPv4/IPv6 addresses `host` resolves to, as text.
+std::set<std::string> addresses_of(const std::string& host) {
+  std::set<std::string> out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (auto* a = res; a; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* src = a->ai_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (inet_ntop(a->ai_family, src, text, sizeof text)) out.insert(text);
+  }
+  freeaddrinfo(res);
+  return out;
+}
+
+std::set<std::string> local_addresses() {
+  std::set<std::string> out;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return out;
+  for (auto* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* src = i->ifa_addr->sa_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    if (inet_ntop(i->ifa_addr->sa_family, src, text, sizeof text)) out.insert(text);
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+// The IPv4 address the server binds for `host` (our store listens on IPv4).
+std::string bind_address_for(const std::string& host) {
+  for (const auto& a : addresses_of(host))
+    if (a.find(':') == std::string::npos) return a;
+  throw UsageError(fmt::format("--rdzv-endpoint {}: no IPv4 address for this host name; give an IPv4 address",
+                               host));
+}
+
+UsageError refused(const RunOptions& o, const std::exception& e) {
+  return UsageError(fmt::format("--rdzv-token: the store at {} refused this agent: {}\n  fix: give every node the "
+                                "same token (COHORT_RDZV_TOKEN or --rdzv-token)",
+                                o.rdzv_endpoint, e.what()));
+}
+
+}  // namespace
+
+std::string resolve_token(const RunOptions& options, const comm::EnvMap& env) {
+  std::string token = options.rdzv_token;
+  auto it = env.find("COHORT_RDZV_TOKEN");
+  if (token.empty() && it != env.end()) token = it->second;
+  if (token.empty() && options.standalone) return fresh_token();
+  if (token.empty())
+    throw UsageError("--rdzv-token: the elastic rendezvous admits only agents that hold the job's shared secret; "
+                     "set COHORT_RDZV_TOKEN on every node (e.g. `export COHORT_RDZV_TOKEN=$(openssl rand -hex 32)`, "
+                     "shared as you share SSH keys), or pass --rdzv-token");
+  if (token.size() < kMinTokenLength)
+    throw UsageError(fmt::format("--rdzv-token: the token has {} characters; use at least {} random ones (e.g. "
+                                 "`openssl rand -hex 32`) so that it cannot be guessed",
+                                 token.size(), kMinTokenLength));
+  return token;
+}
+
+bool is_local_host(const std::string& host) {
+  const auto mine = local_addresses();
+  for (const auto& a : addresses_of(host))
+    if (mine.count(a) || a.rfind("127.", 0) == 0 || a == "::1") return true;
+  return false;
+}
+
+AgentStore open_agent_store(const RunOptions& options, const std::string& token, std::chrono::milliseconds timeout) {
+  const auto endpoint = parse_endpoint(options.rdzv_endpoint, "--rdzv-endpoint");
+  AgentStore s;
+  s.host = endpoint.host;
+  s.port = endpoint.port;
+  std::string connect_to = endpoint.host;
+  if (options.standalone || is_local_host(endpoint.host)) {
+    try {
+      const auto bind = options.standalone ? std::string("127.0.0.1") : bind_address_for(endpoint.host);
+      connect_to = s.host = bind;
+      s.server = std::make_unique<store::StoreServer>(
+          store::StoreServerOptions(token).bind_address(bind).port(endpoint.port).on_refused([](const std::string& why) {
+            fmt::print(stderr, "cohort run: refused a connection to the rendezvous store: {}\n", why);
+          }));
+      s.port = s.server->port();
+    } catch (const UsageError&) {
+      throw;
+    } catch (const ConfigError&) {
+      // Taken: by another agent of this job on this host, we hope; the handshake tells.
+      try {
+        s.client = c10::make_intrusive<store::StoreClient>(s.host, s.port, token, std::chrono::milliseconds(kProbeTimeout));
+      } catch (const ConfigError& e) {
+        throw refused(options, e);
+      } catch (const std::exception& e) {
+        throw UsageError(fmt::format("--rdzv-endpoint {}: port {} on this host is in use by a program that is not "
+                                     "this job's store ({}).\n  fix: pick a free port for --rdzv-endpoint, on every "
+                                     "node",
+                                     options.rdzv_endpoint, s.port, e.what()));
+      }
+      s.client->setTimeout(timeout);
+      return s;
+    }
+  }
+  try {
+    s.client = c10::make_intrusive<store::StoreClient>(connect_to, s.port, token, timeout);
+  } catch (const ConfigError& e) {
+    throw refused(options, e);
+  }
+  s.client->setTimeout(timeout);
+  return s;
+}
+
+}  // namespace cohort::launcher

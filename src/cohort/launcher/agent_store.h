@@ -1,0 +1,43 @@
+#pragma once
+// The elastic job's store as an agent sees it: the job's token, whether this agent
+// hosts the store (its address is the endpoint's), and its client connection.
+//
+// Note [Who hosts the store]
+// torchrun's rule: the agent on the host named by --rdzv-endpoint hosts the store.
+// Several agents may run on that host (tests, or one agent per GPU group), so being
+// on it is not enough: the first to bind the port hosts, and the others find the
+// port taken and connect as clients. A port taken by anything but this job's store
+// shows up when the handshake fails, and is reported against --rdzv-endpoint. The
+// server binds the endpoint's own address (loopback for --standalone), never every
+// interface.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "cohort/comm/environment.h"
+#include "cohort/compat/c10d.h"
+#include "cohort/launcher/run_options.h"
+#include "cohort/store/store_server.h"
+
+namespace cohort::launcher {
+
+// --rdzv-token, else COHORT_RDZV_TOKEN; --standalone makes a fresh one. Throws
+// UsageError when there is none, or one too short to resist guessing.
+std::string resolve_token(const RunOptions& options, const comm::EnvMap& env);
+
+// Whether `host` names an address of this machine (loopback included).
+bool is_local_host(const std::string& host);
+
+struct AgentStore {
+  std::unique_ptr<store::StoreServer> server;  // set when this agent hosts the store
+  c10::intrusive_ptr<c10d::Store> client;
+  std::string host;  // as workers reach it
+  int port = 0;
+};
+
+// Hosts the store (Note [Who hosts the store]) or connects to it, within `timeout`.
+// Throws UsageError for a port taken by something else or a refused token,
+// TimeoutError when no store answers in time.
+AgentStore open_agent_store(const RunOptions& options, const std::string& token, std::chrono::milliseconds timeout);
+
+}  // namespace cohort::launcher

@@ -1,0 +1,26 @@
+#pragma once
+// Opening an authenticated connection to a store server: connecting (retrying
+// while nobody listens yet) and the client's half of the handshake in Note [Store
+// protocol] (store/wire.h).
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "cohort/store/frame_cipher.h"
+#include "cohort/store/net.h"
+
+namespace cohort::store {
+
+struct ClientSession {
+  net::Fd fd;
+  std::unique_ptr<FrameSealer> sealer;  // client to server
+  std::unique_ptr<FrameOpener> opener;  // server to client
+};
+
+// Throws TimeoutError when no store answers at host:port within `timeout`,
+// ConfigError when it holds another token, CommError when it speaks another
+// protocol or fails to prove that it holds the token.
+ClientSession open_session(const std::string& host, int port, const std::string& token,
+                           std::chrono::milliseconds timeout);
+
+}  // namespace cohort::store

@@ -1,0 +1,143 @@
+#include "cohort/store/server_loop.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "cohort/store/handshake.h"
+
+namespace cohort::store {
+
+using net::Clock;
+
+ServerLoop::ServerLoop(StoreServerOptions options, net::Fd listener, net::Fd wake)
+    : options_(std::move(options)), listener_(std::move(listener)), wake_(std::move(wake)) {}
+
+ServerLoop::~ServerLoop() = default;
+
+void ServerLoop::run() {
+  try {
+    std::vector<pollfd> fds;
+    for (;;) {
+      fds.clear();
+      fds.push_back({wake_.get(), POLLIN, 0});
+      fds.push_back({listener_.get(), static_cast<short>(Clock::now() >= accept_paused_until_ ? POLLIN : 0), 0});
+      for (auto& c : connections_)
+        fds.push_back({c->fd.get(), static_cast<short>(POLLIN | (c->out.empty() ? 0 : POLLOUT)), 0});
+      if (::poll(fds.data(), fds.size(), poll_timeout_ms()) < 0 && errno != EINTR)
+        throw std::runtime_error(std::string("poll(): ") + std::strerror(errno));
+      if (fds[0].revents != 0) break;
+      for (std::size_t i = 2; i < fds.size(); ++i) {
+        auto& c = *connections_[i - 2];
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) on_readable(c);
+        if (!c.dead && (fds[i].revents & POLLOUT)) flush(c);
+      }
+      if (fds[1].revents & POLLIN) accept_all();
+      expire(Clock::now());
+      settle();
+      connections_.erase(std::remove_if(connections_.begin(), connections_.end(), [](auto& c) { return c->dead; }),
+                         connections_.end());
+    }
+  } catch (const std::exception& e) {
+    // Closing every connection below turns this into CommError at each client.
+    std::cerr << "cohort: the key-value store server stopped: " << e.what() << std::endl;
+  }
+  connections_.clear();
+  listener_.reset();
+}
+
+int ServerLoop::poll_timeout_ms() const {
+  auto next = Clock::time_point::max();
+  if (Clock::now() < accept_paused_until_) next = accept_paused_until_;
+  for (const auto& c : connections_) {
+    if (!c->authenticated) next = std::min(next, c->handshake_deadline);
+    if (c->parked) next = std::min(next, c->parked_deadline);
+  }
+  return next == Clock::time_point::max() ? -1 : net::poll_timeout(next);
+}
+
+void ServerLoop::accept_all() {
+  for (;;) {
+    sockaddr_in address{};
+    socklen_t size = sizeof address;
+    net::Fd fd(::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&address), &size,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // Out of descriptors or memory: the listener would stay readable and spin the
+      // loop, so stop accepting for a moment instead.
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      return;
+    }
+    auto peer = net::address_name(address);
+    auto pending = std::count_if(connections_.begin(), connections_.end(),
+                                 [](auto& c) { return !c->authenticated && !c->dead; });
+    if (static_cast<std::size_t>(pending) >= kMaxPendingHandshakes) {
+      count_refusal(fmt::format("cohort store: refused {}: {} other peers are mid-handshake already", peer,
+                                kMaxPendingHandshakes));
+      continue;
+    }
+    net::set_nodelay(fd.get());
+    auto c = std::make_unique<Connection>();
+    c->fd = std::move(fd);
+    c->peer = peer;
+    c->handshake_deadline = Clock::now() + options_.handshake_timeout();
+    c->server_nonce = handshake::random_nonce();
+    c->out = handshake::server_hello(c->server_nonce);
+    flush(*c);
+    connections_.push_back(std::move(c));
+  }
+}
+
+void ServerLoop::count_refusal(const std::string& reason) {
+  ++refused_;
+  if (!options_.on_refused()) return;
+  try {
+    options_.on_refused()(reason);
+  } catch (const std::exception& e) {
+    std::cerr << "cohort: the store's on_refused callback threw: " << e.what() << std::endl;
+  }
+}
+
+void ServerLoop::expire(Clock::time_point now) {
+  for (auto& c : connections_) {
+    if (c->dead) continue;
+    if (!c->authenticated && now >= c->handshake_deadline) {
+      refuse(*c, fmt::format("it did not finish the handshake within {:.1f} s",
+                             std::chrono::duration<double>(options_.handshake_timeout()).count()),
+             -1);
+    } else if (c->parked && now >= c->parked_deadline) {
+      Reply r;
+      r.status = Status::kTimeout;
+      r.keys = table_.missing(c->parked->keys);
+      c->parked.reset();
+      reply(*c, r);
+      process_frames(*c);
+    }
+  }
+}
+
+// Retries parked requests while writes keep happening: a request released here may
+// be followed by frames that write again.
+void ServerLoop::settle() {
+  while (table_.generation() != settled_generation_) {
+    settled_generation_ = table_.generation();
+    for (auto& c : connections_) {
+      if (c->dead || !c->parked) continue;
+      if (auto r = table_.apply(*c->parked)) {
+        c->parked.reset();
+        reply(*c, *r);
+        process_frames(*c);
+      }
+    }
+  }
+}
+
+}  // namespace cohort::store

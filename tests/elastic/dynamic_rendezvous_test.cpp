@@ -1,0 +1,138 @@
+// The elastic rendezvous over a real store: agents on threads, each with its own
+// DynamicRendezvous, race through compare-and-set and must agree on rounds and ranks.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <future>
+#include <set>
+#include <thread>
+
+#include "cohort/elastic/dynamic_rendezvous.h"
+
+namespace {
+
+using namespace cohort::elastic;
+using namespace std::chrono_literals;
+
+RendezvousSettings quick(int min_nodes, int max_nodes) {
+  return RendezvousSettings(min_nodes, max_nodes)
+      .join_timeout(Millis(10'000))
+      .last_call_timeout(Millis(300))
+      .keep_alive_interval(Millis(200))
+      .keep_alive_max_missed(2);
+}
+
+std::vector<Round> join_all(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<std::string>& nodes,
+                            const RendezvousSettings& settings) {
+  std::vector<std::future<Round>> futures;
+  for (const auto& node : nodes) {
+    futures.push_back(std::async(std::launch::async, [=] {
+      DynamicRendezvous r(store, "job", node, settings);
+      return r.next_round();
+    }));
+  }
+  std::vector<Round> rounds;
+  for (auto& f : futures) rounds.push_back(f.get());
+  return rounds;
+}
+
+TEST(DynamicRendezvous, ConcurrentAgentsAgreeOnOneRoundAndDistinctRanks) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const std::vector<std::string> nodes{"c", "a", "d", "b"};
+  const auto rounds = join_all(store, nodes, quick(2, 4));
+  std::set<int> ranks;
+  for (const auto& r : rounds) {
+    EXPECT_EQ(r.round, 0);
+    EXPECT_EQ(r.world_size, 4);
+    EXPECT_EQ(r.nodes, (std::vector<std::string>{"a", "b", "c", "d"}));
+    ranks.insert(r.rank);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+}
+
+TEST(DynamicRendezvous, BelowMaxTheRoundCompletesAtTheLastCall) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto start = std::chrono::steady_clock::now();
+  const auto rounds = join_all(store, {"a"}, quick(1, 3));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(rounds.at(0).world_size, 1);
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 3s);
+}
+
+TEST(DynamicRendezvous, ALateNodeWaitsAndTheNextRoundTakesItIn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto settings = quick(1, 2);
+  DynamicRendezvous a(store, "job", "a", settings);
+  ASSERT_EQ(a.next_round().world_size, 1);
+  auto late = std::async(std::launch::async, [&] {
+    DynamicRendezvous b(store, "job", "b", settings);
+    return b.next_round();
+  });
+  // The running node sees someone waiting, leaves, and joins again.
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (nodes_waiting(a.read()) == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(nodes_waiting(a.read()), 1);
+  a.leave();
+  const auto again = a.next_round();
+  const auto b = late.get();
+  EXPECT_EQ(again.round, 1);
+  EXPECT_EQ(b.round, 1);
+  EXPECT_EQ(again.world_size, 2);
+  EXPECT_NE(again.rank, b.rank);
+}
+
+TEST(DynamicRendezvous, TooFewNodesTimeOutWithinTheJoinTimeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  DynamicRendezvous a(store, "job", "a", quick(2, 2).join_timeout(Millis(500)));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    a.next_round();
+    FAIL() << "a round of one completed with min 2";
+  } catch (const cohort::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("join_timeout"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_TRUE(a.read().participants.empty()) << "a timed-out node leaves no trace";
+}
+
+TEST(DynamicRendezvous, ANodeWithoutHeartbeatsIsDroppedByTheOthers) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto settings = quick(1, 2);
+  const auto rounds = join_all(store, {"a", "b"}, settings);
+  ASSERT_EQ(rounds.at(0).world_size, 2);
+  DynamicRendezvous a(store, "job", "a", settings);
+  std::vector<std::string> dropped;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (dropped.empty() && std::chrono::steady_clock::now() < deadline) {
+    dropped = a.keep_alive();  // only a beats
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(dropped, std::vector<std::string>{"b"});
+  const auto s = a.read();
+  EXPECT_EQ(s.participants.count("a"), 1u);
+  EXPECT_EQ(s.participants.count("b"), 0u);
+}
+
+TEST(DynamicRendezvous, JobsWithDifferentIdsShareAStoreWithoutMeeting) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  DynamicRendezvous one(store, "one", "a", quick(1, 2));
+  DynamicRendezvous two(store, "two", "b", quick(1, 2));
+  auto f = std::async(std::launch::async, [&] { return two.next_round(); });
+  EXPECT_EQ(one.next_round().world_size, 1);
+  EXPECT_EQ(f.get().world_size, 1);
+}
+
+TEST(DynamicRendezvous, AClosedJobRefusesNewcomers) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  DynamicRendezvous a(store, "job", "a", quick(1, 1));
+  a.next_round();
+  a.update([](RendezvousState& s) {
+    s.closed = true;
+    return true;
+  });
+  DynamicRendezvous b(store, "job", "b", quick(1, 1));
+  EXPECT_THROW(b.next_round(), RendezvousClosedError);
+}
+
+}  // namespace

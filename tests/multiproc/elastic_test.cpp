@@ -1,0 +1,371 @@
+// Fault injection on the elastic launcher (issue 5): real `cohort run` agents with
+// the elastic rendezvous on loopback, training the Fashion-MNIST example, with
+// workers killed, stopped, agents killed, joined late, and strangers knocking. Each
+// test bounds its wall-clock time and checks that no process outlives the job.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <thread>
+
+#include "support/fashion_subset.h"
+#include "support/state_dicts.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using cohort::testing::ProcessResult;
+using cohort::testing::Subprocess;
+using cohort::testing::TempDir;
+
+namespace {
+
+const std::string kToken = "elastic-test-token-5f0c2a9e";
+const std::map<std::string, std::string> kEnv = {{"COHORT_RDZV_TOKEN", kToken}, {"COHORT_TIMEOUT", "30"}};
+
+struct Job {
+  int port = cohort::testing::free_port();
+  std::string id = "job" + std::to_string(getpid()) + "_" + std::to_string(port);
+};
+
+std::vector<std::string> agent(const Job& job, const std::string& nnodes, int nproc,
+                               const std::vector<std::string>& flags, const std::vector<std::string>& trainer_args) {
+  std::vector<std::string> argv{COHORT_CLI_PATH,   "run",
+                                "--nnodes",        nnodes,
+                                "--nproc-per-node", std::to_string(nproc),
+                                "--rdzv-backend",  "c10d",
+                                "--rdzv-endpoint", "127.0.0.1:" + std::to_string(job.port),
+                                "--rdzv-id",       job.id,
+                                "--monitor-interval", "0.5",
+                                "--stop-timeout",  "3"};
+  if (std::find(flags.begin(), flags.end(), "--rdzv-conf") == flags.end())
+    argv.insert(argv.end(), {"--rdzv-conf", "join_timeout=60,last_call_timeout=1,keep_alive_interval=1"});
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(COHORT_TRAINER_PATH);
+  argv.insert(argv.end(), trainer_args.begin(), trainer_args.end());
+  return argv;
+}
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+std::string describe(const ProcessResult& r) {
+  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) +
+         (r.timed_out ? " TIMED OUT" : "") + " after " + std::to_string(r.seconds) + " s\n--- stdout\n" + r.out +
+         "\n--- stderr\n" + r.err;
+}
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// The processes whose parent is `parent` (the agent's workers).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+std::string env_of(pid_t pid, const std::string& name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::stringstream items(all);
+  std::string item;
+  while (std::getline(items, item, '\0'))
+    if (item.rfind(name + "=", 0) == 0) return item.substr(name.size() + 1);
+  return "";
+}
+
+// Pumps the agents' output while waiting for `ready`; false at the deadline.
+bool wait_until(std::vector<Subprocess*> agents, const std::function<bool()>& ready, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    for (auto* a : agents) a->read_until([](const std::string&) { return false; }, 5ms);
+  }
+  return true;
+}
+
+pid_t worker_of_rank(Subprocess& agent, int rank) {
+  pid_t found = -1;
+  wait_until({&agent}, [&] {
+    for (pid_t p : children_of(agent.pid()))
+      if (env_of(p, "RANK") == std::to_string(rank)) found = p;
+    return found > 0;
+  }, 60s);
+  return found;
+}
+
+bool all_gone(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids)
+    if (!cohort::testing::process_gone(p)) return false;
+  return true;
+}
+
+// The checkpoint of `step` exists (the job has trained past it).
+std::function<bool()> checkpoint_of(const std::string& dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/step-%09d", step);
+  const std::string path = dir + name;
+  return [path] { return fs::exists(path); };
+}
+
+// From "[rankN]: resuming from DIR/step-000000042": 42, or -1.
+int resumed_step(const std::string& out) {
+  std::smatch m;
+  static const std::regex re("resuming from [^\\n]*/step-0*([0-9]+)");
+  int last = -1;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    last = std::stoi((*it)[1]);
+  return last;
+}
+
+// A trainer run small enough for tests: `samples` training images, batch 16 per worker.
+std::vector<std::string> training(const std::string& data, const std::string& ckpt) {
+  return {"--data-dir", data, "--epochs", "1", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05",
+          "--seed", "5", "--checkpoint-dir", ckpt, "--checkpoint-every", "10", "--deterministic"};
+}
+
+}  // namespace
+
+// 1. kill -9 a worker mid-training with --max-restarts 2: the job completes, and its
+//    final weights equal those of a run without faults.
+TEST(ElasticFaults, KilledWorkerRestartsAndEndsWithTheWeightsOfAFaultFreeRun) {
+  TempDir dir("cohort-elastic");
+  const auto data = cohort::testing::fashion_subset(dir.path, 4000);
+  const auto straight = dir.path + "/straight.pt", faulted = dir.path + "/faulted.pt";
+  Job clean;
+  auto r = cohort::testing::run_process(
+      agent(clean, "1", 2, {"--max-restarts", "2"}, with(training(data, dir.path + "/a"), {"--save-final", straight})),
+      240s, kEnv);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+
+  Job job;
+  const auto ckpt = dir.path + "/b";
+  Subprocess run(agent(job, "1", 2, {"--max-restarts", "2"}, with(training(data, ckpt), {"--save-final", faulted})),
+                 kEnv);
+  const pid_t victim = worker_of_rank(run, 1);
+  ASSERT_GT(victim, 0) << run.err();
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 20), 120s)) << run.err();
+  ::kill(victim, SIGKILL);
+  auto done = run.finish(240s);
+  ASSERT_EQ(done.exit_code, 0) << describe(done);
+  EXPECT_TRUE(contains(done.err, "failure restart 1 of 2")) << done.err;
+  EXPECT_TRUE(contains(done.err, "signal SIGKILL")) << done.err;
+  EXPECT_TRUE(contains(done.err, "round 1: node 0 of 1, ranks 0..1 of 2 (failure restarts so far: 1 of 2)"))
+      << done.err;
+  EXPECT_GE(resumed_step(done.out), 20) << done.out;
+  EXPECT_TRUE(cohort::testing::bitwise_equal(straight, faulted))
+      << "largest difference " << cohort::testing::max_difference(straight, faulted);
+  EXPECT_LT(done.seconds, 200);
+}
+
+// 2. The same with --max-restarts 0: exit 1 naming the rank and the signal, and
+//    every process gone within 2x the monitor interval.
+TEST(ElasticFaults, KilledWorkerWithoutRestartsEndsTheJobNamingRankAndSignal) {
+  TempDir dir("cohort-elastic");
+  const auto data = cohort::testing::fashion_subset(dir.path, 4000);
+  Job job;
+  const auto ckpt = dir.path + "/c";
+  auto argv = agent(job, "1", 2, {"--max-restarts", "0"}, training(data, ckpt));
+  *std::find(argv.begin(), argv.end(), "0.5") = "1.5";  // --monitor-interval 1.5
+  Subprocess run(argv, kEnv);
+  const pid_t victim = worker_of_rank(run, 1);
+  ASSERT_GT(victim, 0) << run.err();
+  const auto workers = children_of(run.pid());
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 10), 120s)) << run.err();
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(victim, SIGKILL);
+  auto done = run.finish(60s);
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_EQ(done.exit_code, 1) << describe(done);
+  EXPECT_TRUE(contains(done.err, "rank 1 (local rank 1")) << done.err;
+  EXPECT_TRUE(contains(done.err, "signal SIGKILL")) << done.err;
+  EXPECT_TRUE(contains(done.err, "no restarts left")) << done.err;
+  EXPECT_LT(after, 2 * 1.5) << "the job took " << after << " s to end after the kill";
+  EXPECT_TRUE(all_gone(workers));
+}
+
+// 3. MIN=1, MAX=2, two agents; kill one agent: the survivor goes on with half the
+//    world size and completes, without using a restart.
+TEST(ElasticFaults, KilledAgentLeavesTheSurvivorTrainingAtHalfTheWorld) {
+  TempDir dir("cohort-elastic");
+  const auto data = cohort::testing::fashion_subset(dir.path, 6000);
+  Job job;
+  const auto ckpt = dir.path + "/d";
+  const auto args = training(data, ckpt);
+  Subprocess host(agent(job, "1:2", 1, {"--max-restarts", "0"}, args), kEnv);
+  ASSERT_TRUE(wait_until({&host}, [&] { return contains(host.err(), "hosts the rendezvous store"); }, 30s))
+      << host.err();
+  Subprocess other(agent(job, "1:2", 1, {"--max-restarts", "0"}, args), kEnv);
+  ASSERT_TRUE(wait_until({&host, &other}, [&] { return contains(host.err(), "node 0 of 2") ||
+                                                       contains(host.err(), "node 1 of 2"); }, 60s))
+      << host.err();
+  ASSERT_TRUE(wait_until({&host, &other}, checkpoint_of(ckpt, 10), 120s)) << host.err();
+  const auto others_workers = children_of(other.pid());
+  ::kill(other.pid(), SIGKILL);
+  other.finish(10s);
+  auto done = host.finish(180s);
+  ASSERT_EQ(done.exit_code, 0) << describe(done);
+  EXPECT_TRUE(contains(done.err, "a node left the job")) << done.err;
+  EXPECT_FALSE(contains(done.err, "restarting the workers of every node")) << done.err;
+  EXPECT_TRUE(contains(done.err, "round 1: node 0 of 1, ranks 0..0 of 1 (failure restarts so far: 0 of 0)"))
+      << done.err;
+  EXPECT_TRUE(contains(done.out, "\"world_size\":1")) << done.out;
+  EXPECT_TRUE(all_gone(others_workers)) << "the killed agent's workers outlived it";
+}
+
+// 4. A second agent joins a running MIN=1, MAX=2 job: a scale-up restart, and
+//    training goes on at world size 2 from the checkpoint, every remaining sample
+//    of the epoch trained exactly once.
+TEST(ElasticFaults, ALateAgentScalesTheJobUp) {
+  TempDir dir("cohort-elastic");
+  const int samples = 8000;
+  const auto data = cohort::testing::fashion_subset(dir.path, samples);
+  Job job;
+  const auto ckpt = dir.path + "/e";
+  const auto args = training(data, ckpt);
+  Subprocess first(agent(job, "1:2", 1, {}, args), kEnv);
+  ASSERT_TRUE(wait_until({&first}, checkpoint_of(ckpt, 20), 120s)) << first.err();
+  Subprocess second(agent(job, "1:2", 1, {}, args), kEnv);
+  auto a = first.finish(180s);
+  auto b = second.finish(60s);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_TRUE(contains(a.err, "membership changed")) << a.err;
+  const std::string out = a.out + b.out;
+  const int step = resumed_step(out);
+  ASSERT_GE(step, 20) << out;
+  // Steps before the checkpoint trained 16 samples each (world 1); the resumed run
+  // trains the rest of the epoch, re-sharded over two workers.
+  EXPECT_TRUE(contains(out, "\"samples\":" + std::to_string(samples - 16 * step))) << out;
+  EXPECT_TRUE(contains(out, "\"world_size\":2")) << out;
+}
+
+// 5. SIGSTOP a worker: detected as hung, the job restarts and completes.
+TEST(ElasticFaults, StoppedWorkerIsCaughtAndTheJobRestarts) {
+  TempDir dir("cohort-elastic");
+  const auto data = cohort::testing::fashion_subset(dir.path, 4000);
+  Job job;
+  const auto ckpt = dir.path + "/f";
+  Subprocess run(agent(job, "1", 2, {"--max-restarts", "1", "--frozen-timeout", "2"}, training(data, ckpt)), kEnv);
+  const pid_t victim = worker_of_rank(run, 1);
+  ASSERT_GT(victim, 0) << run.err();
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 10), 120s)) << run.err();
+  const auto stopped_at = std::chrono::steady_clock::now();
+  ::kill(victim, SIGSTOP);
+  ASSERT_TRUE(wait_until({&run}, [&] { return contains(run.err(), "failure restart 1 of 1"); }, 30s)) << run.err();
+  const double caught = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  auto done = run.finish(180s);
+  ASSERT_EQ(done.exit_code, 0) << describe(done);
+  EXPECT_TRUE(contains(done.err, "hung")) << done.err;
+  // The documented bound: --frozen-timeout + a monitor interval + the 1 s settle
+  // window + the time to post and count the failure.
+  EXPECT_LT(caught, 2 + 0.5 + 1 + 2.5) << "caught after " << caught << " s";
+  EXPECT_TRUE(cohort::testing::process_gone(victim));
+}
+
+// 6. Kill the agent that hosts the store: the others fail with a clear error
+//    within the timeout, with no hang and no orphan.
+TEST(ElasticFaults, LosingTheStoreHostEndsTheOthersWithAClearError) {
+  TempDir dir("cohort-elastic");
+  const auto data = cohort::testing::fashion_subset(dir.path, 6000);
+  Job job;
+  const auto ckpt = dir.path + "/g";
+  const auto args = training(data, ckpt);
+  Subprocess host(agent(job, "1:2", 1, {"--max-restarts", "3"}, args), kEnv);
+  ASSERT_TRUE(wait_until({&host}, [&] { return contains(host.err(), "hosts the rendezvous store"); }, 30s))
+      << host.err();
+  Subprocess other(agent(job, "1:2", 1, {"--max-restarts", "3"}, args), kEnv);
+  ASSERT_TRUE(wait_until({&host, &other}, checkpoint_of(ckpt, 10), 120s)) << other.err();
+  const auto workers = children_of(other.pid());
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(host.pid(), SIGKILL);
+  host.finish(10s);
+  auto done = other.finish(60s);
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_EQ(done.exit_code, 1) << describe(done);
+  EXPECT_TRUE(contains(done.err, "lost the rendezvous store at 127.0.0.1:" + std::to_string(job.port))) << done.err;
+  EXPECT_LT(after, 20) << "took " << after << " s";
+  EXPECT_TRUE(all_gone(workers));
+}
+
+// 7. An agent with the wrong token is refused, and the running job is unaffected.
+TEST(ElasticFaults, AnAgentWithTheWrongTokenIsRefusedAndTheJobGoesOn) {
+  TempDir dir("cohort-elastic");
+  const auto data = cohort::testing::fashion_subset(dir.path, 4000);
+  Job job;
+  const auto ckpt = dir.path + "/h";
+  const auto args = training(data, ckpt);
+  Subprocess run(agent(job, "1:2", 1, {}, args), kEnv);
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 10), 120s)) << run.err();
+  auto env = kEnv;
+  env["COHORT_RDZV_TOKEN"] = "not-the-token-of-this-job";
+  auto stranger = cohort::testing::run_process(agent(job, "1:2", 1, {}, args), 30s, env);
+  EXPECT_EQ(stranger.exit_code, 2) << describe(stranger);
+  EXPECT_TRUE(contains(stranger.err, "refused")) << stranger.err;
+  auto done = run.finish(180s);
+  ASSERT_EQ(done.exit_code, 0) << describe(done);
+  EXPECT_TRUE(contains(done.err, "refused a connection")) << done.err;
+  EXPECT_FALSE(contains(done.err, "membership changed")) << done.err;
+  EXPECT_TRUE(contains(done.out, "\"world_size\":1")) << done.out;
+}
+
+// 8. Bad input: exit 2 naming the flag, before anything starts.
+TEST(ElasticFaults, BadInputExitsTwoNamingTheFlag) {
+  Job job;
+  auto expect_usage = [&](std::vector<std::string> flags, const std::string& nnodes, const std::string& mention,
+                          std::map<std::string, std::string> env = kEnv) {
+    auto r = cohort::testing::run_process(agent(job, nnodes, 1, flags, {}), 30s, env);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_TRUE(contains(r.err, mention)) << mention << "\n" << r.err;
+    EXPECT_LT(r.seconds, 15);
+  };
+  expect_usage({}, "1:2:3", "--nnodes 1:2:3");
+  expect_usage({}, "3:2", "MIN 3 is greater than MAX 2");
+  expect_usage({}, "0:2", "at least 1");
+  expect_usage({"--rdzv-conf", "join_timeout=-5"}, "1:2", "join_timeout=-5");
+  expect_usage({"--rdzv-conf", "keep_alive_interval=0"}, "1:2", "keep_alive_interval=0");
+  expect_usage({"--max-restarts", "-1"}, "1:2", "--max-restarts -1");
+  expect_usage({}, "1:2", "--rdzv-token", {{"COHORT_RDZV_TOKEN", ""}});
+  expect_usage({}, "1:2", "at least 16", {{"COHORT_RDZV_TOKEN", "short"}});
+  // A port held by a program that is not this job's store.
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(job.port));
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 8), 0);
+  expect_usage({}, "1:2", "--rdzv-endpoint 127.0.0.1:" + std::to_string(job.port));
+  ::close(fd);
+}
+
+// --standalone: one node, the store on loopback only, a fresh token.
+TEST(ElasticLauncher, StandaloneRunsOnLoopbackWithAFreshToken) {
+  auto r = cohort::testing::run_process({COHORT_CLI_PATH, "run", "--standalone", "--nproc-per-node", "2",
+                                         COHORT_TEST_WORKER_PATH, "collectives"},
+                                        120s, {{"COHORT_RDZV_TOKEN", ""}});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.err, "hosts the rendezvous store on 127.0.0.1:")) << r.err;
+  EXPECT_TRUE(contains(r.err, "round 0: node 0 of 1, ranks 0..1 of 2")) << r.err;
+}

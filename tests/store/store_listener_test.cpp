@@ -1,0 +1,103 @@
+// Where the server listens: only on the address it was given, never on a port
+// another holds, and never with options that make no sense.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+
+#include <filesystem>
+#include <set>
+
+#include "cohort/errors.h"
+#include "cohort/store/store_client.h"
+#include "cohort/store/store_server.h"
+#include "store/raw_peer.h"
+
+namespace {
+using cohort::store::StoreServer;
+using cohort::store::StoreServerOptions;
+using cohort::testing::connect_raw;
+
+const std::string kToken = "listener-token";
+
+// This host's IPv4 addresses other than loopback (none in a bare container).
+std::vector<std::string> other_addresses() {
+  std::vector<std::string> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (auto* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {0};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    if (std::string(text).rfind("127.", 0) != 0) out.push_back(text);
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+bool reachable(int port, const std::string& address) {
+  int fd = connect_raw(port, address);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+TEST(StoreListener, LoopbackIsReachableOnlyThroughLoopback) {
+  StoreServer server{StoreServerOptions(kToken)};  // 127.0.0.1 by default
+  EXPECT_TRUE(reachable(server.port(), "127.0.0.1"));
+  // Linux routes all of 127/8 to lo, but a socket bound to 127.0.0.1 takes only that.
+  EXPECT_FALSE(reachable(server.port(), "127.0.0.2"));
+  for (const auto& address : other_addresses())
+    EXPECT_FALSE(reachable(server.port(), address)) << "reachable through " << address;
+}
+
+TEST(StoreListener, EveryInterfaceIsReachableWhenAsked) {
+  StoreServer server(StoreServerOptions(kToken).bind_address("0.0.0.0"));
+  EXPECT_TRUE(reachable(server.port(), "127.0.0.2"));
+  for (const auto& address : other_addresses())
+    EXPECT_TRUE(reachable(server.port(), address)) << "unreachable through " << address;
+  cohort::store::StoreClient client("127.0.0.2", server.port(), kToken, std::chrono::seconds(10));
+  EXPECT_EQ(client.getNumKeys(), 0);
+}
+
+TEST(StoreListener, ABusyPortIsAConfigErrorNamingIt) {
+  StoreServer first{StoreServerOptions(kToken)};
+  try {
+    StoreServer second(StoreServerOptions(kToken).port(first.port()));
+    FAIL() << "two servers listen on one port";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(first.port())), std::string::npos)
+        << e.what();
+  }
+}
+
+std::set<int> open_fds() {
+  std::set<int> listed, out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+    listed.insert(std::stoi(entry.path().filename().string()));
+  for (int fd : listed)
+    if (::fcntl(fd, F_GETFD) >= 0) out.insert(fd);  // not the listing's own, closed by now
+  return out;
+}
+
+TEST(StoreListener, NoDescriptorLeaksIntoChildren) {
+  auto before = open_fds();
+  StoreServer server{StoreServerOptions(kToken)};
+  cohort::store::StoreClient client("127.0.0.1", server.port(), kToken, std::chrono::seconds(10));
+  client.set("k", {1});  // the server has accepted the connection by now
+  int checked = 0;
+  for (int fd : open_fds()) {
+    if (before.count(fd) != 0) continue;
+    EXPECT_TRUE(::fcntl(fd, F_GETFD) & FD_CLOEXEC) << "fd " << fd << " would leak into a worker";
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);  // listener, wake pipe (2), the two ends of the connection
+}
+
+TEST(StoreListener, NonsenseOptionsAreConfigErrors) {
+  EXPECT_THROW(StoreServer(StoreServerOptions("")), cohort::ConfigError);
+  EXPECT_THROW(StoreServer(StoreServerOptions(kToken).bind_address("localhost")), cohort::ConfigError);
+  EXPECT_THROW(StoreServer(StoreServerOptions(kToken).port(70000)), cohort::ConfigError);
+  EXPECT_THROW(cohort::store::StoreClient("127.0.0.1", 1, "", std::chrono::seconds(1)), cohort::ConfigError);
+}
+
+}  // namespace
