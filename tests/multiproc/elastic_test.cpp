@@ -167,6 +167,11 @@ TEST(ElasticFaults, KilledWorkerRestartsAndEndsWithTheWeightsOfAFaultFreeRun) {
   ASSERT_GT(victim, 0) << run.err();
   ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 20), 120s)) << run.err();
   ::kill(victim, SIGKILL);
+  // The restarted workers see the job's restart count.
+  ASSERT_TRUE(wait_until({&run}, [&] { return contains(run.err(), "round 1:"); }, 60s)) << run.err();
+  const pid_t restarted = worker_of_rank(run, 0);
+  EXPECT_EQ(env_of(restarted, "TORCHELASTIC_RESTART_COUNT"), "1");
+  EXPECT_EQ(env_of(restarted, "COHORT_STORE_PREFIX"), "/cohort/" + job.id + "/round_1/worker");
   auto done = run.finish(240s);
   ASSERT_EQ(done.exit_code, 0) << describe(done);
   EXPECT_TRUE(contains(done.err, "failure restart 1 of 2")) << done.err;
