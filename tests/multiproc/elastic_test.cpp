@@ -176,7 +176,7 @@ TEST(ElasticFaults, KilledWorkerRestartsAndEndsWithTheWeightsOfAFaultFreeRun) {
   ASSERT_EQ(done.exit_code, 0) << describe(done);
   EXPECT_TRUE(contains(done.err, "failure restart 1 of 2")) << done.err;
   EXPECT_TRUE(contains(done.err, "signal SIGKILL")) << done.err;
-  EXPECT_TRUE(contains(done.err, "round 1: node 0 of 1, ranks 0..1 of 2 (failure restarts so far: 1 of 2)"))
+  EXPECT_TRUE(contains(done.err, "round 1: node 0 of 1, ranks 0..1 of 2 (failure restarts so far: 1 of 2;"))
       << done.err;
   EXPECT_GE(resumed_step(done.out), 20) << done.out;
   EXPECT_TRUE(cohort::testing::bitwise_equal(straight, faulted))
@@ -233,7 +233,7 @@ TEST(ElasticFaults, KilledAgentLeavesTheSurvivorTrainingAtHalfTheWorld) {
   ASSERT_EQ(done.exit_code, 0) << describe(done);
   EXPECT_TRUE(contains(done.err, "a node left the job")) << done.err;
   EXPECT_FALSE(contains(done.err, "restarting the workers of every node")) << done.err;
-  EXPECT_TRUE(contains(done.err, "round 1: node 0 of 1, ranks 0..0 of 1 (failure restarts so far: 0 of 0)"))
+  EXPECT_TRUE(contains(done.err, "round 1: node 0 of 1, ranks 0..0 of 1 (failure restarts so far: 0 of 0;"))
       << done.err;
   EXPECT_TRUE(contains(done.out, "\"world_size\":1")) << done.out;
   EXPECT_TRUE(all_gone(others_workers)) << "the killed agent's workers outlived it";

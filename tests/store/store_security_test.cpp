@@ -89,7 +89,7 @@ TEST(StoreSecurity, AWrongTokenIsRefusedCountedAndReported) {
   EXPECT_EQ(from_bytes(good->get("still")), "serving");
 }
 
-TEST(StoreSecurity, GarbageAndHugeLengthsAreDroppedBeforeAuthentication) {
+TEST(StoreSecurity, StrangersAreDroppedBeforeAuthentication) {
   Watched w;
   auto good = w.client();
   int http = connect_raw(w.server.port());
@@ -98,9 +98,16 @@ TEST(StoreSecurity, GarbageAndHugeLengthsAreDroppedBeforeAuthentication) {
   int huge = connect_raw(w.server.port());
   send_raw(huge, {0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0});
   EXPECT_TRUE(closed_by_peer(huge));
-  ::close(http);
-  ::close(huge);
-  EXPECT_EQ(w.server.refused(), 2) << w.all_reasons();
+  int other_version = connect_raw(w.server.port());
+  recv_raw(other_version, hs::kServerHelloSize);
+  auto hello = hs::client_hello(kToken, hs::random_nonce(), hs::random_nonce());
+  hello[hs::kMagicSize] = hs::kVersion + 1;
+  send_raw(other_version, hello);
+  auto verdict = recv_raw(other_version, 1);
+  EXPECT_EQ(verdict, std::vector<std::uint8_t>{static_cast<std::uint8_t>(hs::Verdict::kWrongVersion)});
+  EXPECT_TRUE(closed_by_peer(other_version));
+  for (int fd : {http, huge, other_version}) ::close(fd);
+  EXPECT_EQ(w.server.refused(), 3) << w.all_reasons();
   EXPECT_NE(w.all_reasons().find("does not speak"), std::string::npos) << w.all_reasons();
   good->set("k", to_bytes("v"));
   EXPECT_EQ(from_bytes(good->get("k")), "v");

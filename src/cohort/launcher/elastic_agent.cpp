@@ -200,6 +200,7 @@ int run_elastic_agent(const AgentSetup& setup) {
     while (true) {
       Round r;
       Assignment a;
+      const auto joining = Clock::now();
       try {
         r = rdzv.next_round(check);
         a = agree_ranks(rdzv, r, setup.nproc, check);
@@ -208,9 +209,11 @@ int run_elastic_agent(const AgentSetup& setup) {
         continue;
       }
       env["COHORT_STORE_PREFIX"] = fmt::format("/cohort/{}/round_{}/worker", setup.run_id, r.round);
-      fmt::print(stderr, "cohort run: round {}: node {} of {}, ranks {}..{} of {} (failure restarts so far: {} of {})\n",
+      fmt::print(stderr,
+                 "cohort run: round {}: node {} of {}, ranks {}..{} of {} (failure restarts so far: {} of {}; "
+                 "rendezvous {:.3f} s)\n",
                  r.round, a.group_rank, a.group_world_size, a.base_rank, a.base_rank + setup.nproc - 1, a.world_size,
-                 r.restarts, o.max_restarts);
+                 r.restarts, o.max_restarts, std::chrono::duration<double>(Clock::now() - joining).count());
       AttemptContext context{store.host, store.port, static_cast<int>(r.restarts), setup.run_id};
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),
                         setup.signal_fd);

@@ -36,22 +36,27 @@ void ServerLoop::read_hello(Connection& c) {
   const std::size_t have = c.in.size();
   c.in.resize(handshake::kClientHelloSize);
   ssize_t got = ::recv(c.fd.get(), c.in.data() + have, handshake::kClientHelloSize - have, 0);
+  const int err = errno;
   c.in.resize(have + static_cast<std::size_t>(std::max<ssize_t>(got, 0)));
-  if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+  if (got == 0 || (got < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR)) {
     c.dead = true;  // it left; that is no refusal
     return;
   }
   if (!handshake::plausible_client_hello(c.in.data(), c.in.size()))
     return refuse(c, "it does not speak cohort's store protocol (wrong magic; a TCPStore client, or a port scan?)",
                   -1);
+  // Another version's hello may be longer: judge the version as soon as it is in.
+  if (c.in.size() > handshake::kMagicSize && c.in[handshake::kMagicSize] != handshake::kVersion)
+    return refuse(c,
+                  fmt::format("it speaks store protocol version {}, this server {}", c.in[handshake::kMagicSize],
+                              handshake::kVersion),
+                  static_cast<int>(handshake::Verdict::kWrongVersion));
   if (c.in.size() < handshake::kClientHelloSize) return;
   Bytes client_nonce;
   switch (handshake::check_client_hello(options_.token(), c.server_nonce, c.in, client_nonce)) {
     case handshake::HelloCheck::kAccepted: break;
-    case handshake::HelloCheck::kNotCohort: return refuse(c, "it does not speak cohort's store protocol", -1);
-    case handshake::HelloCheck::kWrongVersion:
-      return refuse(c, fmt::format("it speaks store protocol version {}, this server {}", c.in[4], handshake::kVersion),
-                    static_cast<int>(handshake::Verdict::kWrongVersion));
+    case handshake::HelloCheck::kNotCohort:
+    case handshake::HelloCheck::kWrongVersion: return refuse(c, "it does not speak cohort's store protocol", -1);
     case handshake::HelloCheck::kWrongToken:
       return refuse(c, "it holds a different token", static_cast<int>(handshake::Verdict::kWrongToken));
   }
