@@ -46,11 +46,13 @@ test-torch2:
 	  cmake --build build-torch2 -j $(JOBS) && scripts/run-tests build-torch2'
 
 # Benchmarks (BENCHMARKS.md): cohort against PyTorch's torch.distributed, DDP
-# training against PyTorch's DDP, then what cohort's wrapper adds per call.
+# training against PyTorch's DDP, elastic restarts and rendezvous against torchrun,
+# then what cohort's wrapper adds per call.
 bench: build
 	benchmarks/compare_collectives.sh $(BUILD) 2
 	benchmarks/compare_ddp.sh $(BUILD) 2
 	benchmarks/compare_trainer.sh $(BUILD) 2
+	/usr/bin/python3 benchmarks/compare_elastic.py $(BUILD) 5
 	$(BUILD)/benchmarks/collectives_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 install: build

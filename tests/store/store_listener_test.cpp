@@ -83,7 +83,7 @@ TEST(StoreListener, NoDescriptorLeaksIntoChildren) {
   auto before = open_fds();
   StoreServer server{StoreServerOptions(kToken)};
   cohort::store::StoreClient client("127.0.0.1", server.port(), kToken, std::chrono::seconds(10));
-  client.set("k", {1});  // the server has accepted the connection by now
+  client.set("k", std::vector<std::uint8_t>{1});  // the server has accepted the connection by now
   int checked = 0;
   for (int fd : open_fds()) {
     if (before.count(fd) != 0) continue;

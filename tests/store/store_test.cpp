@@ -48,7 +48,7 @@ std::vector<std::string> observe(c10d::Store& s) {
   note(s.deleteKey("a"));
   note(s.check({"a"}));
   note(s.getNumKeys());
-  s.set("bin", {0, 255, 10});
+  s.set("bin", std::vector<std::uint8_t>{0, 255, 10});
   auto bin = s.get("bin");
   note(std::string(bin.begin(), bin.end()) == std::string("\0\xff\n", 3));
   s.wait({"n", "c"});

@@ -101,7 +101,19 @@ void ServerLoop::handle(Connection& c, Request request) {
 }
 
 void ServerLoop::reply(Connection& c, const Reply& r) {
-  auto frame = c.sealer->seal(encode(r));
+  auto payload = encode(r);
+  if (payload.size() > kMaxFramePayload) {
+    // Too big for one frame (a MULTI_GET of many large values): an error for this
+    // request, rather than an exception that would stop the whole server.
+    Reply error;
+    error.status = Status::kError;
+    auto message = fmt::format("cohort: a store reply of {} bytes exceeds the protocol's limit of {} bytes; fetch "
+                               "fewer keys at once",
+                               payload.size(), kMaxFramePayload);
+    error.values.emplace_back(message.begin(), message.end());
+    payload = encode(error);
+  }
+  auto frame = c.sealer->seal(payload);
   c.out.insert(c.out.end(), frame.begin(), frame.end());
   flush(c);
 }

@@ -36,7 +36,7 @@ Request request(Op op, std::int64_t number, std::vector<std::string> keys, std::
   return Request{op, number, std::move(keys), std::move(values)};
 }
 
-// The values an OK reply to `r` must carry; -1: any number.
+// Whether `reply` has the shape that a reply to `r` must have.
 bool well_formed(const Request& r, const Reply& reply) {
   if (reply.status == Status::kError) return reply.values.size() == 1;
   if (reply.status == Status::kTimeout)
@@ -91,7 +91,7 @@ void StoreClient::fail(const std::string& why, bool timed_out) {
 
 Reply StoreClient::call(const Request& r, milliseconds server_wait) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!broken_.empty()) throw CommError(broken_ + " (this client is unusable since; make a new one)");
+  if (!broken_.empty()) throw CommError(broken_ + " (this client has been unusable since; make a new one)");
   const auto deadline = Clock::now() + server_wait + kReplyMargin;
   auto frame = sealer_->seal(encode(r));
   auto io = net::write_all(fd_, frame.data(), frame.size(), deadline);
