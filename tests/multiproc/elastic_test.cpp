@@ -145,6 +145,25 @@ std::vector<std::string> training(const std::string& data, const std::string& ck
           "--seed", "5", "--checkpoint-dir", ckpt, "--checkpoint-every", "10", "--deterministic"};
 }
 
+// Two agents (MIN=1, MAX=2, one worker each) training in one round: `host` starts
+// first, so it hosts the store. Returns once the round has trained past step 10.
+struct Pair {
+  std::unique_ptr<Subprocess> host, other;
+};
+Pair start_pair(const Job& job, const std::vector<std::string>& flags, const std::vector<std::string>& args,
+                const std::string& ckpt) {
+  Pair p;
+  p.host = std::make_unique<Subprocess>(agent(job, "1:2", 1, flags, args), kEnv);
+  auto& host = *p.host;
+  EXPECT_TRUE(wait_until({&host}, [&] { return contains(host.err(), "hosts the rendezvous store"); }, 30s))
+      << host.err();
+  p.other = std::make_unique<Subprocess>(agent(job, "1:2", 1, flags, args), kEnv);
+  EXPECT_TRUE(wait_until({&host, p.other.get()},
+                         [&] { return contains(host.err(), " of 2, ranks") && checkpoint_of(ckpt, 10)(); }, 120s))
+      << host.err();
+  return p;
+}
+
 }  // namespace
 
 // 1. kill -9 a worker mid-training with --max-restarts 2: the job completes, and its
@@ -218,14 +237,10 @@ TEST(ElasticFaults, KilledAgentLeavesTheSurvivorTrainingAtHalfTheWorld) {
   Job job;
   const auto ckpt = dir.path + "/d";
   const auto args = training(data, ckpt);
-  Subprocess host(agent(job, "1:2", 1, {"--max-restarts", "0"}, args), kEnv);
-  ASSERT_TRUE(wait_until({&host}, [&] { return contains(host.err(), "hosts the rendezvous store"); }, 30s))
-      << host.err();
-  Subprocess other(agent(job, "1:2", 1, {"--max-restarts", "0"}, args), kEnv);
-  ASSERT_TRUE(wait_until({&host, &other}, [&] { return contains(host.err(), "node 0 of 2") ||
-                                                       contains(host.err(), "node 1 of 2"); }, 60s))
-      << host.err();
-  ASSERT_TRUE(wait_until({&host, &other}, checkpoint_of(ckpt, 10), 120s)) << host.err();
+  auto pair = start_pair(job, {"--max-restarts", "0"}, args, ckpt);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  auto& host = *pair.host;
+  auto& other = *pair.other;
   const auto others_workers = children_of(other.pid());
   ::kill(other.pid(), SIGKILL);
   other.finish(10s);
@@ -297,11 +312,10 @@ TEST(ElasticFaults, LosingTheStoreHostEndsTheOthersWithAClearError) {
   Job job;
   const auto ckpt = dir.path + "/g";
   const auto args = training(data, ckpt);
-  Subprocess host(agent(job, "1:2", 1, {"--max-restarts", "3"}, args), kEnv);
-  ASSERT_TRUE(wait_until({&host}, [&] { return contains(host.err(), "hosts the rendezvous store"); }, 30s))
-      << host.err();
-  Subprocess other(agent(job, "1:2", 1, {"--max-restarts", "3"}, args), kEnv);
-  ASSERT_TRUE(wait_until({&host, &other}, checkpoint_of(ckpt, 10), 120s)) << other.err();
+  auto pair = start_pair(job, {"--max-restarts", "3"}, args, ckpt);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  auto& host = *pair.host;
+  auto& other = *pair.other;
   const auto workers = children_of(other.pid());
   const auto killed_at = std::chrono::steady_clock::now();
   ::kill(host.pid(), SIGKILL);
