@@ -25,6 +25,7 @@ void after_participant_removed(RendezvousState& state, const RendezvousSettings&
       // Everyone has left the finished round: the next one opens, and the nodes on
       // the wait list join it like anyone else.
       state.complete = false;
+      state.done.clear();
       ++state.round;
     }
   } else if (static_cast<int>(state.participants.size()) < settings.min_nodes()) {
@@ -78,7 +79,7 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
       base.close_timeout(seconds(key, value));
     } else if (key == "keep_alive_interval") {
       base.keep_alive_interval(seconds(key, value));
-    } else if (key == "keep_alive_max_heartbeats") {
+    } else if (key == "keep_alive_max_heartbeats" || key == "keep_alive_max_attempt") {
       base.keep_alive_max_missed(positive_count(key, value));
     } else {
       throw ConfigError(fmt::format("--rdzv-conf {}: unknown key '{}'; known: join_timeout, last_call_timeout, "
@@ -92,7 +93,7 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
 bool RendezvousState::operator==(const RendezvousState& o) const {
   return round == o.round && complete == o.complete && closed == o.closed && last_call == o.last_call &&
          participants == o.participants && wait_list == o.wait_list && heartbeats == o.heartbeats &&
-         restarts == o.restarts && failed_round == o.failed_round;
+         restarts == o.restarts && failed_round == o.failed_round && done == o.done;
 }
 
 const char* to_string(JoinAction action) {
@@ -198,7 +199,8 @@ std::string encode(const RendezvousState& s) {
                       {"participants", s.participants},
                       {"wait_list", s.wait_list},
                       {"restarts", s.restarts},
-                      {"failed_round", s.failed_round}};
+                      {"failed_round", s.failed_round},
+                      {"done", s.done}};
   j["last_call"] = s.last_call ? nlohmann::json(s.last_call->count()) : nlohmann::json(nullptr);
   nlohmann::json beats = nlohmann::json::object();
   for (const auto& [node, at] : s.heartbeats) beats[node] = at.count();
@@ -217,6 +219,7 @@ RendezvousState decode(const std::string& bytes) {
     s.wait_list = j.at("wait_list").get<std::set<std::string>>();
     s.restarts = j.at("restarts").get<std::int64_t>();
     s.failed_round = j.at("failed_round").get<std::int64_t>();
+    s.done = j.at("done").get<std::set<std::string>>();
     if (!j.at("last_call").is_null()) s.last_call = Millis(j.at("last_call").get<std::int64_t>());
     for (const auto& [node, at] : j.at("heartbeats").items()) s.heartbeats[node] = Millis(at.get<std::int64_t>());
     return s;

@@ -64,6 +64,7 @@ struct RendezvousState {
   std::map<std::string, Millis> heartbeats;  // of participants and waiting nodes
   std::int64_t restarts = 0;  // failure restarts of the whole job
   std::int64_t failed_round = -1;  // the last round whose failure was counted
+  std::set<std::string> done;  // participants whose workers all exited 0 this round
 
   bool operator==(const RendezvousState& other) const;
 };

@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -61,12 +62,46 @@ std::set<std::string> local_addresses() {
   return out;
 }
 
-// The IPv4 address the server binds for `host` (our store listens on IPv4).
+// The IPv4 address the server binds for `host` (our store listens on IPv4): one of
+// this machine's, preferring one other hosts can reach.
 std::string bind_address_for(const std::string& host) {
-  for (const auto& a : addresses_of(host))
-    if (a.find(':') == std::string::npos) return a;
-  throw UsageError(fmt::format("--rdzv-endpoint {}: no IPv4 address for this host name; give an IPv4 address",
+  const auto mine = local_addresses();
+  std::string loopback;
+  for (const auto& a : addresses_of(host)) {
+    if (a.find(':') != std::string::npos) continue;
+    if (a.rfind("127.", 0) == 0) {
+      loopback = a;
+    } else if (mine.count(a)) {
+      return a;
+    }
+  }
+  if (!loopback.empty()) return loopback;
+  throw UsageError(fmt::format("--rdzv-endpoint {}: no IPv4 address of this machine for this host name; give an "
+                               "IPv4 address",
                                host));
+}
+
+// Connects in short attempts until `timeout`, so that `check` sees the agent's
+// signals while the hosting agent is still starting.
+c10::intrusive_ptr<store::StoreClient> connect(const std::string& host, int port, const std::string& token,
+                                               std::chrono::milliseconds timeout, const std::function<void()>& check) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    try {
+      return c10::make_intrusive<store::StoreClient>(host, port, token,
+                                                     std::max(std::chrono::milliseconds(100),
+                                                              std::min(left, std::chrono::milliseconds(2000))));
+    } catch (const TimeoutError& e) {
+      if (left <= std::chrono::milliseconds(2000))
+        throw TimeoutError(fmt::format("cohort run: no rendezvous store answered at {}:{} within {:.0f} s: {}\n  "
+                                       "fix: start the agent on the --rdzv-endpoint host, and check the address, "
+                                       "the port and the network; or raise --rdzv-conf join_timeout",
+                                       host, port, std::chrono::duration<double>(timeout).count(), e.what()),
+                           "connect to store", {});
+    }
+    check();
+  }
 }
 
 UsageError refused(const RunOptions& o, const std::exception& e) {
@@ -100,7 +135,8 @@ bool is_local_host(const std::string& host) {
   return false;
 }
 
-AgentStore open_agent_store(const RunOptions& options, const std::string& token, std::chrono::milliseconds timeout) {
+AgentStore open_agent_store(const RunOptions& options, const std::string& token, std::chrono::milliseconds timeout,
+                            const std::function<void()>& check) {
   const auto endpoint = parse_endpoint(options.rdzv_endpoint, "--rdzv-endpoint");
   AgentStore s;
   s.host = endpoint.host;
@@ -117,28 +153,30 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
       s.port = s.server->port();
     } catch (const UsageError&) {
       throw;
-    } catch (const ConfigError&) {
+    } catch (const ConfigError& host_error) {
       // Taken: by another agent of this job on this host, we hope; the handshake tells.
       try {
         s.client = c10::make_intrusive<store::StoreClient>(s.host, s.port, token, std::chrono::milliseconds(kProbeTimeout));
       } catch (const ConfigError& e) {
         throw refused(options, e);
       } catch (const std::exception& e) {
-        throw UsageError(fmt::format("--rdzv-endpoint {}: port {} on this host is in use by a program that is not "
-                                     "this job's store ({}).\n  fix: pick a free port for --rdzv-endpoint, on every "
-                                     "node",
-                                     options.rdzv_endpoint, s.port, e.what()));
+        throw UsageError(fmt::format("--rdzv-endpoint {}: this agent could not host the store ({}), and what holds "
+                                     "port {} is not this job's store ({}).\n  fix: pick a free port for "
+                                     "--rdzv-endpoint, on every node",
+                                     options.rdzv_endpoint, host_error.what(), s.port, e.what()));
       }
-      s.client->setTimeout(timeout);
       return s;
     }
+    if (options.max_nodes > 1 && connect_to.rfind("127.", 0) == 0)
+      fmt::print(stderr, "cohort run: warning: --rdzv-endpoint {} resolves to {} on this host, a loopback address "
+                         "that other hosts cannot reach; give this host's network address if nodes run elsewhere\n",
+                 options.rdzv_endpoint, connect_to);
   }
   try {
-    s.client = c10::make_intrusive<store::StoreClient>(connect_to, s.port, token, timeout);
+    s.client = connect(connect_to, s.port, token, timeout, check);
   } catch (const ConfigError& e) {
     throw refused(options, e);
   }
-  s.client->setTimeout(timeout);
   return s;
 }
 

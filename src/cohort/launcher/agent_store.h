@@ -11,12 +11,14 @@
 // server binds the endpoint's own address (loopback for --standalone), never every
 // interface.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "cohort/comm/environment.h"
 #include "cohort/compat/c10d.h"
 #include "cohort/launcher/run_options.h"
+#include "cohort/store/store_client.h"
 #include "cohort/store/store_server.h"
 
 namespace cohort::launcher {
@@ -30,14 +32,16 @@ bool is_local_host(const std::string& host);
 
 struct AgentStore {
   std::unique_ptr<store::StoreServer> server;  // set when this agent hosts the store
-  c10::intrusive_ptr<c10d::Store> client;
+  c10::intrusive_ptr<store::StoreClient> client;
   std::string host;  // as workers reach it
   int port = 0;
 };
 
-// Hosts the store (Note [Who hosts the store]) or connects to it, within `timeout`.
+// Hosts the store (Note [Who hosts the store]) or connects to it, within `timeout`,
+// calling `check` between short attempts (it may throw: the agent's signals).
 // Throws UsageError for a port taken by something else or a refused token,
 // TimeoutError when no store answers in time.
-AgentStore open_agent_store(const RunOptions& options, const std::string& token, std::chrono::milliseconds timeout);
+AgentStore open_agent_store(const RunOptions& options, const std::string& token, std::chrono::milliseconds timeout,
+                            const std::function<void()>& check);
 
 }  // namespace cohort::launcher

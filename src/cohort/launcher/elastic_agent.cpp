@@ -92,12 +92,14 @@ class KeepAlive {
 
 std::string node_name() {
   std::random_device rd;
-  return fmt::format("{}:{}:{:04x}", util::host_name(), getpid(), rd() & 0xffff);
+  const std::uint64_t salt = (static_cast<std::uint64_t>(rd()) << 32) | rd();
+  return fmt::format("{}:{}:{:016x}", util::host_name(), getpid(), salt);
 }
 
 bool round_changed(const RendezvousState& s, const Round& r, const std::string& node) {
+  // A waiting node is taken in by a restart, unless the round is already finishing.
   return s.closed || s.round != r.round || !s.participants.count(node) ||
-         static_cast<int>(s.participants.size()) != r.world_size || elastic::nodes_waiting(s) > 0;
+         static_cast<int>(s.participants.size()) != r.world_size || (elastic::nodes_waiting(s) > 0 && s.done.empty());
 }
 
 std::string round_key(const Round& r, const std::string& what) { return fmt::format("round/{}/{}", r.round, what); }
@@ -128,14 +130,18 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
 enum class Verdict { kFailure, kMembership, kClosed };
 
 // Note [Elastic agent loop]: was this round's failure a failure, or a lost node?
+// The agent drops silent nodes itself here rather than wait for its keep-alive
+// thread, so that a dead node is seen within the heartbeat bound.
 Verdict classify(DynamicRendezvous& rdzv, const Round& r, bool own, const std::function<void()>& check) {
-  if (own) return Verdict::kFailure;
   const auto& st = rdzv.settings();
-  const auto deadline = Clock::now() + st.keep_alive_interval() * st.keep_alive_max_missed() + std::chrono::seconds(2);
+  const auto deadline = Clock::now() + st.keep_alive_interval() * (st.keep_alive_max_missed() + 2) +
+                        std::chrono::seconds(2);
   while (true) {
+    for (const auto& node : rdzv.keep_alive())
+      fmt::print(stderr, "cohort run: node {} stopped sending heartbeats; dropped from the job\n", node);
     const auto s = rdzv.read();
     if (s.closed) return Verdict::kClosed;
-    if (s.failed_round >= r.round) return Verdict::kFailure;
+    if (s.failed_round >= r.round || own) return Verdict::kFailure;
     for (const auto& rec : read_failure_records(rdzv, r))
       if (rec.own) return Verdict::kFailure;
     if (s.round != r.round || static_cast<int>(s.participants.size()) < r.world_size) return Verdict::kMembership;
@@ -145,8 +151,26 @@ Verdict classify(DynamicRendezvous& rdzv, const Round& r, bool own, const std::f
   }
 }
 
-int report_closed(DynamicRendezvous& rdzv) {
+// The agent hosting the store keeps it up until the other agents have left (they
+// read the job's outcome from it), for at most close_timeout.
+void linger(DynamicRendezvous& rdzv, bool hosting) {
+  if (!hosting) {
+    rdzv.leave();
+    return;
+  }
+  const auto deadline = Clock::now() + rdzv.settings().close_timeout();
+  while (Clock::now() < deadline) {
+    const auto s = rdzv.read();
+    bool others = false;
+    for (const auto& [node, rank] : s.participants) others = others || node != rdzv.node();
+    if (!others) return;
+    std::this_thread::sleep_for(kLook * 2);
+  }
+}
+
+int report_closed(DynamicRendezvous& rdzv, bool hosting) {
   auto cause = read_root_cause(rdzv);
+  linger(rdzv, hosting);
   if (cause.empty()) {
     fmt::print(stderr, "cohort run: the job has finished; nothing left for this node to do\n");
     return 0;
@@ -155,25 +179,32 @@ int report_closed(DynamicRendezvous& rdzv) {
   return 1;
 }
 
-// Every worker here exited 0. The agent hosting the store keeps it up until the
-// other nodes are done too (or have stopped sending heartbeats), then closes the job.
+// Every worker here exited 0: an exit barrier, as torchrun's. The node says so in
+// the record and waits, heartbeats going on, until every node of the round is done
+// (or the round changed under it: a node failed after this one finished), bounded
+// by join_timeout. The agent hosting the store then closes the job and keeps the
+// store up until the others have left.
 int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::function<void()>& check) {
-  rdzv.store().set(rdzv.key(round_key(r, "done/" + rdzv.node())), util::to_bytes("1"));
-  if (!hosting) return 0;
+  rdzv.update([&](RendezvousState& s) {
+    if (s.round != r.round) return false;
+    s.done.insert(rdzv.node());
+    return true;
+  });
   const auto deadline = Clock::now() + rdzv.settings().join_timeout();
   while (Clock::now() < deadline) {
     const auto s = rdzv.read();
     bool waiting = false;
-    for (const auto& node : r.nodes)
-      if (s.participants.count(node) && !rdzv.store().check({rdzv.key(round_key(r, "done/" + node))})) waiting = true;
-    if (!waiting || s.closed) break;
+    for (const auto& node : r.nodes) waiting = waiting || (s.participants.count(node) && !s.done.count(node));
+    if (!waiting || s.closed || s.round != r.round) break;
     check();
     std::this_thread::sleep_for(kLook * 2);
   }
-  rdzv.update([](RendezvousState& s) {
-    s.closed = true;
-    return true;
-  });
+  if (hosting)
+    rdzv.update([](RendezvousState& s) {
+      s.closed = true;
+      return true;
+    });
+  linger(rdzv, hosting);
   return 0;
 }
 
@@ -183,14 +214,37 @@ int run_elastic_agent(const AgentSetup& setup) {
   const auto& o = setup.options;
   const auto token = resolve_token(o, setup.env);
   const auto settings = elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes));
-  auto store = open_agent_store(o, token, settings.join_timeout());
+  AgentStore store;
+  try {
+    store = open_agent_store(o, token, settings.join_timeout(), [&] {
+      if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
+    });
+  } catch (const SignalReceived& s) {
+    fmt::print(stderr, "cohort run: stopped by signal {} while reaching the store\n", sigabbrev_np(s.sig));
+    return 128 + s.sig;
+  }
   if (store.server)
     fmt::print(stderr, "cohort run: this agent hosts the rendezvous store on {}:{}\n", store.host, store.port);
-  DynamicRendezvous rdzv(store.client, setup.run_id, node_name(), settings);
-  KeepAlive keep_alive(rdzv);
+  const bool hosting = store.server != nullptr;
+  // Every request after the connection is answered at once by a live store; a store
+  // that stays silent for the heartbeat bound is as good as gone.
+  store.client->setTimeout(std::max<std::chrono::milliseconds>(
+      settings.keep_alive_interval() * settings.keep_alive_max_missed(), std::chrono::seconds(5)));
+  const auto node = node_name();
+  DynamicRendezvous rdzv(store.client, setup.run_id, node, settings);
+  // Heartbeats on a connection of their own, never queued behind the main thread.
+  DynamicRendezvous beats(store.client->clone(), setup.run_id, node, settings);
+  KeepAlive keep_alive(beats);
   auto check = [&] {
     if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
     keep_alive.rethrow();
+  };
+  auto leave_quietly = [&] {
+    try {
+      rdzv.leave();
+    } catch (const std::exception&) {
+      // The store is gone or silent: nothing to leave.
+    }
   };
   comm::EnvMap env = setup.env;
   env["COHORT_AGENT_STORE"] = "cohort";
@@ -223,13 +277,15 @@ int run_elastic_agent(const AgentSetup& setup) {
       });
       const auto result = group.monitor();
       if (result.received_signal) throw SignalReceived{result.received_signal};
-      if (result.success) return finish(rdzv, r, store.server != nullptr, check);
+      // Workers stopped for a change may exit 0 (a trainer that saves on SIGTERM):
+      // that is an interruption, not the end of the job.
+      if (result.success && !result.interrupted) return finish(rdzv, r, hosting, check);
       if (!result.interrupted) {
         const auto record = post_failure_record(rdzv, r, result, FailureContext{util::host_name(), setup.run_id,
                                                                                  static_cast<int>(r.restarts),
                                                                                  o.max_restarts});
         const auto verdict = classify(rdzv, r, record.own, check);
-        if (verdict == Verdict::kClosed) return report_closed(rdzv);
+        if (verdict == Verdict::kClosed) return report_closed(rdzv, hosting);
         if (verdict == Verdict::kFailure) {
           bool go_on = true;
           rdzv.update([&](RendezvousState& s) {
@@ -238,7 +294,7 @@ int run_elastic_agent(const AgentSetup& setup) {
           });
           if (!go_on) {
             close_with_root_cause(rdzv, r);
-            return report_closed(rdzv);
+            return report_closed(rdzv, hosting);
           }
           fmt::print(stderr, "{}cohort run: restarting the workers of every node (failure restart {} of {})\n",
                      record.summary, rdzv.read().restarts, o.max_restarts);
@@ -247,22 +303,34 @@ int run_elastic_agent(const AgentSetup& setup) {
                              "restart used)\n");
         }
       } else {
-        if (rdzv.read().closed) return report_closed(rdzv);
-        fmt::print(stderr, "cohort run: the job's membership changed; restarting the workers at the new size (no "
-                           "restart used)\n");
+        const auto s = rdzv.read();
+        if (s.closed) return report_closed(rdzv, hosting);
+        if (s.failed_round >= r.round)
+          fmt::print(stderr, "cohort run: another node's workers failed; restarting the workers of every node "
+                             "(failure restart {} of {})\n",
+                     s.restarts, o.max_restarts);
+        else
+          fmt::print(stderr, "cohort run: the job's membership changed; restarting the workers at the new size "
+                             "(no restart used)\n");
       }
       rdzv.leave();
     }
   } catch (const SignalReceived& s) {
-    try {
-      rdzv.leave();
-    } catch (const std::exception&) {
-    }
+    leave_quietly();
     fmt::print(stderr, "cohort run: stopped by signal {}; every worker has exited\n",
                sigabbrev_np(s.sig) ? sigabbrev_np(s.sig) : "?");
     return 128 + s.sig;
   } catch (const elastic::RendezvousClosedError&) {
-    return report_closed(rdzv);
+    return report_closed(rdzv, hosting);
+  } catch (const TimeoutError& e) {
+    if (e.operation() == "rendezvous") {
+      leave_quietly();
+      throw;
+    }
+    fmt::print(stderr, "cohort run: the rendezvous store at {}:{} stopped answering: {}\n  Every worker here has "
+                       "been stopped. Restart the job (it resumes from its last checkpoint).\n",
+               store.host, store.port, e.what());
+    return 1;
   } catch (const CommError& e) {
     fmt::print(stderr,
                "cohort run: lost the rendezvous store at {}:{}: {}\n  The agent hosting it (the one on the "
@@ -270,6 +338,9 @@ int run_elastic_agent(const AgentSetup& setup) {
                "has been stopped. Restart the job (it resumes from its last checkpoint).\n",
                store.host, store.port, e.what());
     return 1;
+  } catch (...) {
+    leave_quietly();  // peers need not wait out the heartbeat bound
+    throw;
   }
 }
 

@@ -154,6 +154,13 @@ void WorkerGroup::tick(AttemptResult& result) {
 void WorkerGroup::kill_frozen() {
   auto now = Clock::now();
   auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.frozen_timeout));
+  // A long gap between looks means the agent itself was suspended (a job
+  // scheduler's suspend stops every process): start watching afresh.
+  const auto gap = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(2 * std::max(options_.monitor_interval, 0.05) + 1.0));
+  if (now - last_frozen_check_ > gap)
+    for (auto& w : workers_) w.stopped_since = {};
+  last_frozen_check_ = now;
   for (auto& w : workers_) {
     if (w.exited) continue;
     if (!is_stopped(w.outcome.pid)) {

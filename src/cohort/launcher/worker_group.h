@@ -84,6 +84,7 @@ class WorkerGroup {
   Clock::time_point term_at_ = Clock::time_point::max();
   Clock::time_point kill_at_ = Clock::time_point::max();
   Clock::time_point next_tick_ = Clock::time_point::min();
+  Clock::time_point last_frozen_check_ = Clock::now();
   std::function<bool()> tick_;
 };
 
