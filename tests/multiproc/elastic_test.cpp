@@ -146,6 +146,17 @@ std::vector<std::string> training(const std::string& data, const std::string& ck
           "--seed", "5", "--checkpoint-dir", ckpt, "--checkpoint-every", "10", "--deterministic"};
 }
 
+// One test's training: `samples` Fashion-MNIST images in a temporary directory, a
+// checkpoint directory and the trainer's flags.
+struct Training {
+  TempDir dir{"cohort-elastic"};
+  std::string data;
+  std::string ckpt;
+  std::vector<std::string> args;
+  explicit Training(int samples)
+      : data(cohort::testing::fashion_subset(dir.path, samples)), ckpt(dir.path + "/ckpt"), args(training(data, ckpt)) {}
+};
+
 // Two agents (MIN=1, MAX=2, one worker each) training in one round: `host` starts
 // first, so it hosts the store. Returns once the round has trained past step 10.
 struct Pair {
@@ -170,22 +181,20 @@ Pair start_pair(const Job& job, const std::vector<std::string>& flags, const std
 // 1. kill -9 a worker mid-training with --max-restarts 2: the job completes, and its
 //    final weights equal those of a run without faults.
 TEST(ElasticFaults, KilledWorkerRestartsAndEndsWithTheWeightsOfAFaultFreeRun) {
-  TempDir dir("cohort-elastic");
-  const auto data = cohort::testing::fashion_subset(dir.path, 4000);
-  const auto straight = dir.path + "/straight.pt", faulted = dir.path + "/faulted.pt";
+  Training t(4000);
+  const auto straight = t.dir.path + "/straight.pt", faulted = t.dir.path + "/faulted.pt";
   Job clean;
   auto r = cohort::testing::run_process(
-      agent(clean, "1", 2, {"--max-restarts", "2"}, with(training(data, dir.path + "/a"), {"--save-final", straight})),
+      agent(clean, "1", 2, {"--max-restarts", "2"},
+            with(training(t.data, t.dir.path + "/clean"), {"--save-final", straight})),
       240s, kEnv);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
 
   Job job;
-  const auto ckpt = dir.path + "/b";
-  Subprocess run(agent(job, "1", 2, {"--max-restarts", "2"}, with(training(data, ckpt), {"--save-final", faulted})),
-                 kEnv);
+  Subprocess run(agent(job, "1", 2, {"--max-restarts", "2"}, with(t.args, {"--save-final", faulted})), kEnv);
   const pid_t victim = worker_of_rank(run, 1);
   ASSERT_GT(victim, 0) << run.err();
-  ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 20), 120s)) << run.err();
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(t.ckpt, 20), 120s)) << run.err();
   ::kill(victim, SIGKILL);
   // The restarted workers see the job's restart count.
   ASSERT_TRUE(wait_until({&run}, [&] { return contains(run.err(), "round 1:"); }, 60s)) << run.err();
@@ -207,17 +216,15 @@ TEST(ElasticFaults, KilledWorkerRestartsAndEndsWithTheWeightsOfAFaultFreeRun) {
 // 2. The same with --max-restarts 0: exit 1 naming the rank and the signal, and
 //    every process gone within 2x the monitor interval.
 TEST(ElasticFaults, KilledWorkerWithoutRestartsEndsTheJobNamingRankAndSignal) {
-  TempDir dir("cohort-elastic");
-  const auto data = cohort::testing::fashion_subset(dir.path, 4000);
+  Training t(4000);
   Job job;
-  const auto ckpt = dir.path + "/c";
-  auto argv = agent(job, "1", 2, {"--max-restarts", "0"}, training(data, ckpt));
+  auto argv = agent(job, "1", 2, {"--max-restarts", "0"}, t.args);
   *std::find(argv.begin(), argv.end(), "0.5") = "1.5";  // --monitor-interval 1.5
   Subprocess run(argv, kEnv);
   const pid_t victim = worker_of_rank(run, 1);
   ASSERT_GT(victim, 0) << run.err();
   const auto workers = children_of(run.pid());
-  ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 10), 120s)) << run.err();
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(t.ckpt, 10), 120s)) << run.err();
   const auto killed_at = std::chrono::steady_clock::now();
   ::kill(victim, SIGKILL);
   auto done = run.finish(60s);
@@ -233,12 +240,9 @@ TEST(ElasticFaults, KilledWorkerWithoutRestartsEndsTheJobNamingRankAndSignal) {
 // 3. MIN=1, MAX=2, two agents; kill one agent: the survivor goes on with half the
 //    world size and completes, without using a restart.
 TEST(ElasticFaults, KilledAgentLeavesTheSurvivorTrainingAtHalfTheWorld) {
-  TempDir dir("cohort-elastic");
-  const auto data = cohort::testing::fashion_subset(dir.path, 6000);
+  Training t(6000);
   Job job;
-  const auto ckpt = dir.path + "/d";
-  const auto args = training(data, ckpt);
-  auto pair = start_pair(job, {"--max-restarts", "0"}, args, ckpt);
+  auto pair = start_pair(job, {"--max-restarts", "0"}, t.args, t.ckpt);
   ASSERT_FALSE(::testing::Test::HasFailure());
   auto& host = *pair.host;
   auto& other = *pair.other;
@@ -259,15 +263,12 @@ TEST(ElasticFaults, KilledAgentLeavesTheSurvivorTrainingAtHalfTheWorld) {
 //    training goes on at world size 2 from the checkpoint, every remaining sample
 //    of the epoch trained exactly once.
 TEST(ElasticFaults, ALateAgentScalesTheJobUp) {
-  TempDir dir("cohort-elastic");
   const int samples = 8000;
-  const auto data = cohort::testing::fashion_subset(dir.path, samples);
+  Training t(samples);
   Job job;
-  const auto ckpt = dir.path + "/e";
-  const auto args = training(data, ckpt);
-  Subprocess first(agent(job, "1:2", 1, {}, args), kEnv);
-  ASSERT_TRUE(wait_until({&first}, checkpoint_of(ckpt, 20), 120s)) << first.err();
-  Subprocess second(agent(job, "1:2", 1, {}, args), kEnv);
+  Subprocess first(agent(job, "1:2", 1, {}, t.args), kEnv);
+  ASSERT_TRUE(wait_until({&first}, checkpoint_of(t.ckpt, 20), 120s)) << first.err();
+  Subprocess second(agent(job, "1:2", 1, {}, t.args), kEnv);
   auto a = first.finish(180s);
   auto b = second.finish(60s);
   ASSERT_EQ(a.exit_code, 0) << describe(a);
@@ -284,14 +285,12 @@ TEST(ElasticFaults, ALateAgentScalesTheJobUp) {
 
 // 5. SIGSTOP a worker: detected as hung, the job restarts and completes.
 TEST(ElasticFaults, StoppedWorkerIsCaughtAndTheJobRestarts) {
-  TempDir dir("cohort-elastic");
-  const auto data = cohort::testing::fashion_subset(dir.path, 4000);
+  Training t(4000);
   Job job;
-  const auto ckpt = dir.path + "/f";
-  Subprocess run(agent(job, "1", 2, {"--max-restarts", "1", "--frozen-timeout", "2"}, training(data, ckpt)), kEnv);
+  Subprocess run(agent(job, "1", 2, {"--max-restarts", "1", "--frozen-timeout", "2"}, t.args), kEnv);
   const pid_t victim = worker_of_rank(run, 1);
   ASSERT_GT(victim, 0) << run.err();
-  ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 10), 120s)) << run.err();
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(t.ckpt, 10), 120s)) << run.err();
   const auto stopped_at = std::chrono::steady_clock::now();
   ::kill(victim, SIGSTOP);
   ASSERT_TRUE(wait_until({&run}, [&] { return contains(run.err(), "failure restart 1 of 1"); }, 30s)) << run.err();
@@ -309,12 +308,9 @@ TEST(ElasticFaults, StoppedWorkerIsCaughtAndTheJobRestarts) {
 // 6. Kill the agent that hosts the store: the others fail with a clear error
 //    within the timeout, with no hang and no orphan.
 TEST(ElasticFaults, LosingTheStoreHostEndsTheOthersWithAClearError) {
-  TempDir dir("cohort-elastic");
-  const auto data = cohort::testing::fashion_subset(dir.path, 6000);
+  Training t(6000);
   Job job;
-  const auto ckpt = dir.path + "/g";
-  const auto args = training(data, ckpt);
-  auto pair = start_pair(job, {"--max-restarts", "3"}, args, ckpt);
+  auto pair = start_pair(job, {"--max-restarts", "3"}, t.args, t.ckpt);
   ASSERT_FALSE(::testing::Test::HasFailure());
   auto& host = *pair.host;
   auto& other = *pair.other;
@@ -332,16 +328,13 @@ TEST(ElasticFaults, LosingTheStoreHostEndsTheOthersWithAClearError) {
 
 // 7. An agent with the wrong token is refused, and the running job is unaffected.
 TEST(ElasticFaults, AnAgentWithTheWrongTokenIsRefusedAndTheJobGoesOn) {
-  TempDir dir("cohort-elastic");
-  const auto data = cohort::testing::fashion_subset(dir.path, 4000);
+  Training t(4000);
   Job job;
-  const auto ckpt = dir.path + "/h";
-  const auto args = training(data, ckpt);
-  Subprocess run(agent(job, "1:2", 1, {}, args), kEnv);
-  ASSERT_TRUE(wait_until({&run}, checkpoint_of(ckpt, 10), 120s)) << run.err();
+  Subprocess run(agent(job, "1:2", 1, {}, t.args), kEnv);
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(t.ckpt, 10), 120s)) << run.err();
   auto env = kEnv;
   env["COHORT_RDZV_TOKEN"] = "not-the-token-of-this-job";
-  auto stranger = cohort::testing::run_process(agent(job, "1:2", 1, {}, args), 30s, env);
+  auto stranger = cohort::testing::run_process(agent(job, "1:2", 1, {}, t.args), 30s, env);
   EXPECT_EQ(stranger.exit_code, 2) << describe(stranger);
   EXPECT_TRUE(contains(stranger.err, "refused")) << stranger.err;
   auto done = run.finish(180s);

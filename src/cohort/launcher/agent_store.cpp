@@ -28,6 +28,15 @@ std::string fresh_token() {
   return hex;
 }
 
+// An IPv4 or IPv6 address as text; empty for any other family.
+std::string address_text(const sockaddr* addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* raw = nullptr;
+  if (addr->sa_family == AF_INET) raw = &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr;
+  if (addr->sa_family == AF_INET6) raw = &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr;
+  return raw && inet_ntop(addr->sa_family, raw, text, sizeof text) ? std::string(text) : std::string();
+}
+
 // The IPv4/IPv6 addresses `host` resolves to, as text.
 std::set<std::string> addresses_of(const std::string& host) {
   std::set<std::string> out;
@@ -37,10 +46,8 @@ std::set<std::string> addresses_of(const std::string& host) {
   addrinfo* res = nullptr;
   if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
   for (auto* a = res; a; a = a->ai_next) {
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* src = a->ai_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
-                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
-    if (inet_ntop(a->ai_family, src, text, sizeof text)) out.insert(text);
+    auto text = address_text(a->ai_addr);
+    if (!text.empty()) out.insert(text);
   }
   freeaddrinfo(res);
   return out;
@@ -51,12 +58,8 @@ std::set<std::string> local_addresses() {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return out;
   for (auto* i = list; i; i = i->ifa_next) {
-    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* src = i->ifa_addr->sa_family == AF_INET
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
-    if (inet_ntop(i->ifa_addr->sa_family, src, text, sizeof text)) out.insert(text);
+    auto text = i->ifa_addr ? address_text(i->ifa_addr) : std::string();
+    if (!text.empty()) out.insert(text);
   }
   freeifaddrs(list);
   return out;
