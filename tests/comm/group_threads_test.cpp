@@ -1,6 +1,7 @@
 // Ranks as threads over one in-memory store: exact collectives, sub-groups, and the
 // diagnosis a timeout gives. Fast enough to run many world sizes.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
@@ -144,6 +145,25 @@ TEST(SingleProcess, WorldOfOneNeedsNoNetwork) {
   world.group().all_reduce(t);
   EXPECT_TRUE(torch::equal(t, torch::full({2}, 3.0)));
   EXPECT_EQ(world.device(), c10::Device(c10::kCPU));
+}
+
+// Note [SIGPIPE in workers]: a rank writing to a dead peer's connection must see
+// EPIPE (and throw CommError), not be killed by SIGPIPE.
+TEST(SingleProcess, InitIgnoresSigpipeUnlessTheProgramChoseOtherwise) {
+  struct sigaction before {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &before), 0);
+  signal(SIGPIPE, SIG_DFL);
+  World::init(cohort::comm::WorldInfo{}, quick());
+  struct sigaction now {};
+  sigaction(SIGPIPE, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  // A handler of the program's own stays.
+  auto handler = +[](int) {};
+  signal(SIGPIPE, handler);
+  World::init(cohort::comm::WorldInfo{}, quick());
+  sigaction(SIGPIPE, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, handler);
+  sigaction(SIGPIPE, &before, nullptr);
 }
 
 TEST(InitOptions, FromEnvironment) {

@@ -190,6 +190,16 @@ TEST(Failure, PeerCasualtiesAreNotTheRootCause) {
   EXPECT_EQ(root_cause({casualty, outcome(3, SIGTERM, true)})->slot.rank, 0);
 }
 
+TEST(Failure, AWorkerKilledBySigpipeIsACasualty) {
+  // It wrote to a connection a dead peer had closed.
+  auto broken_pipe = outcome(0, SIGPIPE, false);
+  EXPECT_TRUE(is_casualty(broken_pipe));
+  EXPECT_FALSE(is_casualty(outcome(1, SIGKILL, false)));
+  EXPECT_EQ(root_cause({broken_pipe, outcome(1, SIGKILL, false)})->slot.rank, 1);
+  // Alone, it is still named.
+  EXPECT_EQ(root_cause({broken_pipe})->slot.rank, 0);
+}
+
 TEST(Failure, MessageComesFromTheErrorFile) {
   auto w = outcome(1, 1 << 8, false);
   w.error = cohort::elastic::ErrorRecord{"std::runtime_error: boom", "", 0};

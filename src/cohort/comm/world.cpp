@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <signal.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -53,6 +54,22 @@ std::shared_ptr<GroupState> make_group(const World& world, const std::string& na
   auto beat = std::max(std::min(options.heartbeat_interval(), options.timeout() / 4), std::chrono::milliseconds(100));
   g->board = std::make_unique<ArrivalBoard>(board_store, "cohort/board/", g->global_ranks, group_rank, beat);
   return g;
+}
+
+// Note [SIGPIPE in workers]
+// Gloo writes to its sockets without MSG_NOSIGNAL. When a peer dies mid-collective,
+// the next write to its closed connection raises SIGPIPE, whose default action
+// kills the process on the spot: no exception, no error file, nothing to say that
+// this rank was a casualty rather than the cause (the elastic agent once counted a
+// dead node as a worker failure this way). Python ignores SIGPIPE at startup, so
+// torch.distributed never meets this. A World does the same when SIGPIPE is at its
+// default; a disposition the program chose is left alone. The write then fails with
+// EPIPE, Gloo reports the broken pair, and the collective throws CommError.
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && !(current.sa_flags & SA_SIGINFO) &&
+      current.sa_handler == SIG_DFL)
+    signal(SIGPIPE, SIG_IGN);
 }
 
 c10::Device pick_device(const std::string& backend, const WorldInfo& info) {
@@ -115,6 +132,7 @@ void InitOptions::validate() const {
 World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store,
                    c10::intrusive_ptr<c10d::Store> board_store, InitOptions options) {
   options.validate();
+  ignore_default_sigpipe();
   auto state = std::make_shared<State>();
   state->backend = resolve_backend(options.backend(), info.local_world_size);
   state->device = pick_device(state->backend, info);

@@ -25,7 +25,8 @@ namespace cohort::comm {
 class World {
  public:
   // Joins the world described by this process's environment. Blocks until every
-  // rank has joined, bounded by options.join_timeout().
+  // rank has joined, bounded by options.join_timeout(). Every init sets SIGPIPE to
+  // ignored if it is at its default, as Python does (Note [SIGPIPE in workers]).
   static World init(InitOptions options = InitOptions::from_env(process_environment()));
   static World init(const WorldInfo& info, InitOptions options);
   // Joins over a store you provide, e.g. a HashStore shared by threads in tests.

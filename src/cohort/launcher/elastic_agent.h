@@ -13,6 +13,8 @@
 //    round failed or lost a node. When only casualties failed here (peers' broken
 //    connections), the agent waits up to the heartbeat bound for either another
 //    node's own failure (a failure) or a node dropped (a membership change).
+//    A node already seen gone makes it a membership change even when a worker
+//    here failed on its own account: its death may have caused that failure.
 //    A failure is counted once per round in the shared record, against
 //    --max-restarts for the whole job; when none are left, the agent that notices
 //    writes the root cause (earliest own failure over every node) and closes the

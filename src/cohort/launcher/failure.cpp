@@ -1,6 +1,7 @@
 #include "cohort/launcher/failure.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include "cohort/launcher/worker_process.h"
@@ -10,6 +11,9 @@ namespace cohort::launcher {
 bool WorkerOutcome::succeeded() const { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
 
 bool is_casualty(const WorkerOutcome& w) {
+  // Killed by SIGPIPE: it wrote to a connection its peer had closed (a program that
+  // set SIGPIPE back to its default; Note [SIGPIPE in workers]).
+  if (WIFSIGNALED(w.wait_status) && WTERMSIG(w.wait_status) == SIGPIPE) return true;
   if (!w.error) return false;
   const auto& m = w.error->message;
   return m.rfind("cohort::CommError", 0) == 0 || m.rfind("cohort::TimeoutError", 0) == 0;

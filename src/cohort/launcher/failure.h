@@ -24,8 +24,8 @@ struct WorkerOutcome {
   bool succeeded() const;
 };
 
-// A worker that failed because a peer did (its error is a cohort::CommError or
-// cohort::TimeoutError).
+// A worker that failed because a peer did: its error is a cohort::CommError or
+// cohort::TimeoutError, or SIGPIPE killed it.
 bool is_casualty(const WorkerOutcome& outcome);
 
 // The worker that failed first on its own account (Note [Root cause]); nullptr when

@@ -46,10 +46,14 @@ Verdict classify(DynamicRendezvous& rdzv, const Round& r, bool own, const std::f
       fmt::print(stderr, "cohort run: node {} stopped sending heartbeats; dropped from the job\n", node);
     const auto s = rdzv.read();
     if (s.closed) return Verdict::kClosed;
-    if (s.failed_round >= r.round || own) return Verdict::kFailure;
+    if (s.failed_round >= r.round) return Verdict::kFailure;
+    // A node already gone outranks a failure of our own: when a node dies, a worker
+    // here may die in a way that looks like its own (a program that rethrows the
+    // CommError as another type), and the restart that follows is the same.
+    if (s.round != r.round || static_cast<int>(s.participants.size()) < r.world_size) return Verdict::kMembership;
+    if (own) return Verdict::kFailure;
     for (const auto& rec : read_failure_records(rdzv, r))
       if (rec.own) return Verdict::kFailure;
-    if (s.round != r.round || static_cast<int>(s.participants.size()) < r.world_size) return Verdict::kMembership;
     if (Clock::now() >= deadline) return Verdict::kFailure;
     check();
     std::this_thread::sleep_for(kLook);

@@ -1,0 +1,90 @@
+// How the elastic agent reads a failed round: a failure (costs a restart) or a lost
+// node (a membership change, free). Agents on threads over one in-memory store.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <future>
+
+#include "cohort/elastic/dynamic_rendezvous.h"
+#include "cohort/launcher/round_end.h"
+
+namespace {
+
+using cohort::elastic::DynamicRendezvous;
+using cohort::elastic::Millis;
+using cohort::elastic::RendezvousSettings;
+using cohort::elastic::Round;
+using cohort::launcher::classify;
+using cohort::launcher::Verdict;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+RendezvousSettings quick() {
+  return RendezvousSettings(1, 2)
+      .join_timeout(Millis(10'000))
+      .last_call_timeout(Millis(300))
+      .keep_alive_interval(Millis(200))
+      .keep_alive_max_missed(2);
+}
+
+// Nodes "a" and "b" in round 0 of one job; returns a's round.
+struct TwoNodes {
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  DynamicRendezvous a{store, "job", "a", quick()};
+  DynamicRendezvous b{store, "job", "b", quick()};
+  Round round;
+
+  TwoNodes() {
+    auto other = std::async(std::launch::async, [&] { return b.next_round(); });
+    round = a.next_round();
+    other.get();
+  }
+};
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+TEST(Classify, AnOwnFailureWithEveryNodePresentIsAFailureAtOnce) {
+  TwoNodes job;
+  ASSERT_EQ(job.round.world_size, 2);
+  const auto start = Clock::now();
+  EXPECT_EQ(classify(job.a, job.round, /*own=*/true, [] {}), Verdict::kFailure);
+  EXPECT_LT(seconds_since(start), 0.2) << "an own failure needs no wait";
+}
+
+TEST(Classify, ANodeAlreadyGoneOutranksAFailureOfOurOwn) {
+  // When a node dies, a worker here can die in a way that looks like its own (a
+  // SIGPIPE, a rethrown CommError): the node's loss decides, and costs no restart.
+  TwoNodes job;
+  job.b.leave();
+  EXPECT_EQ(classify(job.a, job.round, /*own=*/true, [] {}), Verdict::kMembership);
+}
+
+TEST(Classify, CasualtiesWaitUntilTheSilentNodeIsDropped) {
+  TwoNodes job;  // b never beats again
+  const auto start = Clock::now();
+  EXPECT_EQ(classify(job.a, job.round, /*own=*/false, [] {}), Verdict::kMembership);
+  const double took = seconds_since(start);
+  EXPECT_GE(took, 0.3) << "b was dropped before it missed its heartbeats";
+  EXPECT_LT(took, 3.0) << "bounded by the heartbeat bound";
+  EXPECT_EQ(job.a.read().participants.count("b"), 0u);
+}
+
+TEST(Classify, CasualtiesWithNoNodeLostAreAFailureAtTheBound) {
+  TwoNodes job;
+  auto beating = std::async(std::launch::async, [&] {
+    // b stays alive and heartbeats while a decides.
+    for (int i = 0; i < 40; ++i) {
+      job.b.keep_alive();
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  const auto start = Clock::now();
+  EXPECT_EQ(classify(job.a, job.round, /*own=*/false, [] {}), Verdict::kFailure);
+  const double took = seconds_since(start);
+  // The bound is keep_alive_interval * (missed + 2) + 2 s = 2.8 s.
+  EXPECT_GE(took, 2.7);
+  EXPECT_LT(took, 3.5);
+  beating.get();
+}
+
+}  // namespace
