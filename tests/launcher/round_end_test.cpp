@@ -60,12 +60,13 @@ TEST(Classify, ANodeAlreadyGoneOutranksAFailureOfOurOwn) {
 }
 
 TEST(Classify, CasualtiesWaitUntilTheSilentNodeIsDropped) {
-  TwoNodes job;  // b never beats again
+  TwoNodes job;
+  job.b.keep_alive();  // b's last heartbeat
   const auto start = Clock::now();
   EXPECT_EQ(classify(job.a, job.round, /*own=*/false, [] {}), Verdict::kMembership);
   const double took = seconds_since(start);
   EXPECT_GE(took, 0.3) << "b was dropped before it missed its heartbeats";
-  EXPECT_LT(took, 3.0) << "bounded by the heartbeat bound";
+  EXPECT_LT(took, 3.0) << "within the heartbeat bound (2.8 s)";
   EXPECT_EQ(job.a.read().participants.count("b"), 0u);
 }
 
@@ -83,7 +84,7 @@ TEST(Classify, CasualtiesWithNoNodeLostAreAFailureAtTheBound) {
   const double took = seconds_since(start);
   // The bound is keep_alive_interval * (missed + 2) + 2 s = 2.8 s.
   EXPECT_GE(took, 2.7);
-  EXPECT_LT(took, 3.5);
+  EXPECT_LT(took, 5.0);
   beating.get();
 }
 
