@@ -168,11 +168,28 @@ TEST(RendezvousState, AFailedRoundCountsOnceAndTheCountSurvivesRejoining) {
   EXPECT_FALSE(count_failure(s, 2, 0));
 }
 
+// The limit is the job's: the first agent fixes it, and one that rejoins with a
+// larger --max-restarts cannot extend the budget.
+TEST(RendezvousState, TheRestartLimitIsTheFirstAgentsForTheWholeJob) {
+  RendezvousSettings settings(1, 2);
+  RendezvousState s;
+  EXPECT_EQ(adopt_max_restarts(s, 1), 1);
+  EXPECT_EQ(adopt_max_restarts(s, 5), 1) << "a later agent follows the job's limit";
+  join(s, "a", Millis(0), settings);
+  EXPECT_TRUE(count_failure(s, 0, 5));
+  leave(s, "a", settings);
+  join(s, "a", Millis(1), settings);
+  EXPECT_FALSE(count_failure(s, 1, 5)) << "the job's limit of 1 holds against an agent's 5";
+  EXPECT_EQ(s.restarts, 1);
+  EXPECT_EQ(decode(encode(s)).max_restarts, 1);
+}
+
 TEST(RendezvousState, RecordRoundTripsAndRejectsStrangers) {
   RendezvousSettings settings(1, 3);
   RendezvousState s;
   join(s, "a", Millis(5), settings);
   s.restarts = 2;
+  s.max_restarts = 3;
   s.failed_round = 1;
   const auto back = decode(encode(s));
   EXPECT_EQ(back, s);

@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
 #include "cohort/errors.h"
+#include "cohort/store/net.h"
 #include "cohort/store/store_client.h"
 #include "cohort/store/store_server.h"
 #include "store/raw_peer.h"
@@ -91,6 +94,28 @@ TEST(StoreListener, NoDescriptorLeaksIntoChildren) {
     ++checked;
   }
   EXPECT_GE(checked, 5);  // listener, wake pipe (2), the two ends of the connection
+}
+
+// Note [Self-connect]: a socket bound to port P that connects to P joins itself
+// (what the kernel may do to a client whose ephemeral port is the target). The
+// client must see that as nobody listening; a real server's socket is not so.
+TEST(StoreListener, ASocketJoinedToItselfIsToldApartFromAServer) {
+  cohort::store::net::Fd self(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(self.get(), reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  socklen_t len = sizeof address;
+  ASSERT_EQ(::getsockname(self.get(), reinterpret_cast<sockaddr*>(&address), &len), 0);
+  ASSERT_EQ(::connect(self.get(), reinterpret_cast<sockaddr*>(&address), sizeof address), 0) << std::strerror(errno);
+  EXPECT_TRUE(cohort::store::net::connected_to_itself(self.get()));
+
+  StoreServer server{StoreServerOptions(kToken)};
+  std::string error;
+  auto fd = cohort::store::net::connect_once("127.0.0.1", server.port(),
+                                             cohort::store::net::Clock::now() + std::chrono::seconds(10), error);
+  ASSERT_TRUE(fd) << error;
+  EXPECT_FALSE(cohort::store::net::connected_to_itself(fd.get()));
 }
 
 TEST(StoreListener, NonsenseOptionsAreConfigErrors) {

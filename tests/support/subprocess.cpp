@@ -4,12 +4,15 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <fstream>
+#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -136,17 +139,58 @@ bool process_gone(pid_t pid) {
   return close_paren != std::string::npos && close_paren + 2 < line.size() && line[close_paren + 2] == 'Z';
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+
+// The bottom of the kernel's ephemeral range, from which it draws the local port
+// of every outgoing connection (and of bind to port 0).
+int ephemeral_low() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  in >> low;
+  return low;
+}
+
+bool bindable(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);  // free on every address, loopback included
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return ok;
+}
+
+}  // namespace
+
+// Note [Test ports]: a port from bind(0) is in the ephemeral range, so between
+// the pick and the agent's bind any outgoing connection on the machine (a Gloo
+// pair, a store client, another test) may be given it as its local port, and the
+// agent then finds it taken by a socket that is not listening. So ports are drawn
+// at random below that range, checked free on every address, and reserved for
+// this test process by a lock on a file named after the port: the lock goes with
+// the process, so concurrent tests never share one and a crash leaks nothing.
+int free_port() {
+  const int low = ephemeral_low();
+  const int first = 12000, last = low > first + 1000 ? low - 1 : 29999;
+  const std::string dir = "/tmp/cohort-test-ports";
+  ::mkdir(dir.c_str(), 0777);
+  std::random_device seed;
+  std::mt19937 pick(seed() ^ static_cast<unsigned>(getpid()));
+  std::uniform_int_distribution<int> in_range(first, last);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = in_range(pick);
+    const std::string path = dir + "/" + std::to_string(port);
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !bindable(port)) {
+      ::close(fd);
+      continue;
+    }
+    return port;  // `fd` stays open: the reservation lasts as long as this process
+  }
+  throw std::runtime_error("free_port: no free port in " + std::to_string(first) + ".." + std::to_string(last));
 }
 
 }  // namespace cohort::testing

@@ -52,7 +52,8 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
 // Whether `pid` is gone (or a zombie nobody has reaped yet).
 bool process_gone(pid_t pid);
 
-// A TCP port that was free a moment ago (bind to port 0, read it, close).
+// A TCP port, free on every address and reserved for this process, outside the
+// kernel's ephemeral range (Note [Test ports]).
 int free_port();
 
 }  // namespace cohort::testing

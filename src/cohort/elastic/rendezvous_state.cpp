@@ -93,7 +93,8 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
 bool RendezvousState::operator==(const RendezvousState& o) const {
   return round == o.round && complete == o.complete && closed == o.closed && last_call == o.last_call &&
          participants == o.participants && wait_list == o.wait_list && heartbeats == o.heartbeats &&
-         restarts == o.restarts && failed_round == o.failed_round && done == o.done;
+         restarts == o.restarts && max_restarts == o.max_restarts && failed_round == o.failed_round &&
+         done == o.done;
 }
 
 const char* to_string(JoinAction action) {
@@ -182,9 +183,14 @@ std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, con
   return dead;
 }
 
+std::int64_t adopt_max_restarts(RendezvousState& state, int mine) {
+  if (state.max_restarts < 0) state.max_restarts = mine;
+  return state.max_restarts;
+}
+
 bool count_failure(RendezvousState& state, std::int64_t round, int max_restarts) {
   if (state.failed_round >= round) return true;  // another node counted it already
-  if (state.restarts >= max_restarts) return false;
+  if (state.restarts >= (state.max_restarts >= 0 ? state.max_restarts : max_restarts)) return false;
   ++state.restarts;
   state.failed_round = round;
   return true;
@@ -199,6 +205,7 @@ std::string encode(const RendezvousState& s) {
                       {"participants", s.participants},
                       {"wait_list", s.wait_list},
                       {"restarts", s.restarts},
+                      {"max_restarts", s.max_restarts},
                       {"failed_round", s.failed_round},
                       {"done", s.done}};
   j["last_call"] = s.last_call ? nlohmann::json(s.last_call->count()) : nlohmann::json(nullptr);
@@ -218,6 +225,7 @@ RendezvousState decode(const std::string& bytes) {
     s.participants = j.at("participants").get<std::map<std::string, int>>();
     s.wait_list = j.at("wait_list").get<std::set<std::string>>();
     s.restarts = j.at("restarts").get<std::int64_t>();
+    s.max_restarts = j.at("max_restarts").get<std::int64_t>();
     s.failed_round = j.at("failed_round").get<std::int64_t>();
     s.done = j.at("done").get<std::set<std::string>>();
     if (!j.at("last_call").is_null()) s.last_call = Millis(j.at("last_call").get<std::int64_t>());

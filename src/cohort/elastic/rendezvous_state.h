@@ -20,7 +20,8 @@
 //  - `restarts` counts failure restarts for the whole job, in the shared record, so a
 //    node cannot reset it by leaving and joining again (pytorch#147064). One failure
 //    makes every node's workers fail (the others as casualties), so a failed round is
-//    counted once, by whichever node reports it first (`failed_round`).
+//    counted once, by whichever node reports it first (`failed_round`). The limit
+//    itself is the job's too (`max_restarts`, fixed by the first agent to join).
 #include <torch/arg.h>
 
 #include <chrono>
@@ -63,6 +64,7 @@ struct RendezvousState {
   std::set<std::string> wait_list;  // arrived after completion, for the next round
   std::map<std::string, Millis> heartbeats;  // of participants and waiting nodes
   std::int64_t restarts = 0;  // failure restarts of the whole job
+  std::int64_t max_restarts = -1;  // the job's --max-restarts, fixed by its first agent (-1: none yet)
   std::int64_t failed_round = -1;  // the last round whose failure was counted
   std::set<std::string> done;  // participants whose workers all exited 0 this round
 
@@ -98,8 +100,14 @@ std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, con
 // Nodes waiting for the next round: a running job restarts to take them in.
 int nodes_waiting(const RendezvousState& state);
 
-// Counts the failure of `round` against max_restarts, once however many nodes report
-// it. Returns false when the restarts are used up: the caller closes the job.
+// The job's --max-restarts: the record's, or `mine` (then stored) when the record has
+// none yet. An agent started with another value follows the job's, so a node that
+// rejoins with a larger one cannot extend the job's budget (pytorch#147064).
+std::int64_t adopt_max_restarts(RendezvousState& state, int mine);
+
+// Counts the failure of `round` against the job's max_restarts (the record's, else
+// `max_restarts`), once however many nodes report it. Returns false when the
+// restarts are used up: the caller closes the job.
 bool count_failure(RendezvousState& state, std::int64_t round, int max_restarts);
 
 // The record as stored (JSON). decode throws cohort::DataError on anything else.

@@ -41,7 +41,6 @@ int pending_signal(int fd) {
   return 0;
 }
 
-
 std::string node_name() {
   std::random_device rd;
   const std::uint64_t salt = (static_cast<std::uint64_t>(rd()) << 32) | rd();
@@ -78,7 +77,6 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
   for (const auto& k : keys) sizes.push_back(std::stoi(util::from_bytes(store.get(k))));
   return assign_ranks(sizes, r.rank);
 }
-
 
 }  // namespace
 
@@ -118,6 +116,17 @@ int run_elastic_agent(const AgentSetup& setup) {
       // The store is gone or silent: nothing to leave.
     }
   };
+  // The job's restart limit is the first agent's (Note [Rendezvous rounds]).
+  std::int64_t max_restarts = o.max_restarts;
+  rdzv.update([&](RendezvousState& s) {
+    const bool unset = s.max_restarts < 0;
+    max_restarts = elastic::adopt_max_restarts(s, o.max_restarts);
+    return unset;
+  });
+  if (max_restarts != o.max_restarts)
+    fmt::print(stderr, "cohort run: warning: this job runs with --max-restarts {}, set by its first agent; this "
+                       "agent's --max-restarts {} is ignored\n",
+               max_restarts, o.max_restarts);
   comm::EnvMap env = setup.env;
   env["COHORT_AGENT_STORE"] = "cohort";
   env["COHORT_RDZV_TOKEN"] = token;
@@ -139,7 +148,7 @@ int run_elastic_agent(const AgentSetup& setup) {
                  "cohort run: round {}: node {} of {}, ranks {}..{} of {} (failure restarts so far: {} of {}; "
                  "rendezvous {:.3f} s)\n",
                  r.round, a.group_rank, a.group_world_size, a.base_rank, a.base_rank + setup.nproc - 1, a.world_size,
-                 r.restarts, o.max_restarts, std::chrono::duration<double>(Clock::now() - joining).count());
+                 r.restarts, max_restarts, std::chrono::duration<double>(Clock::now() - joining).count());
       AttemptContext context{store.host, store.port, static_cast<int>(r.restarts), setup.run_id};
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),
                         setup.signal_fd);
@@ -155,21 +164,28 @@ int run_elastic_agent(const AgentSetup& setup) {
       if (!result.interrupted) {
         const auto record = post_failure_record(rdzv, r, result, FailureContext{util::host_name(), setup.run_id,
                                                                                  static_cast<int>(r.restarts),
-                                                                                 o.max_restarts});
+                                                                                 static_cast<int>(max_restarts)});
+        // Note [Failures after a node finished]: no restart once a node is done.
+        if (const auto why = reason_to_close_after_finish(rdzv.read(), r, true); !why.empty()) {
+          close_with_root_cause(rdzv, r, why);
+          return report_closed(rdzv, hosting);
+        }
         const auto verdict = classify(rdzv, r, record.own, check);
         if (verdict == Verdict::kClosed) return report_closed(rdzv, hosting);
         if (verdict == Verdict::kFailure) {
           bool go_on = true;
           rdzv.update([&](RendezvousState& s) {
-            go_on = elastic::count_failure(s, r.round, o.max_restarts);
+            go_on = elastic::count_failure(s, r.round, static_cast<int>(max_restarts));
             return go_on;
           });
           if (!go_on) {
-            close_with_root_cause(rdzv, r);
+            close_with_root_cause(rdzv, r, fmt::format("no restarts left (--max-restarts {} used by the job as a "
+                                                       "whole)",
+                                                       rdzv.read().restarts));
             return report_closed(rdzv, hosting);
           }
           fmt::print(stderr, "{}cohort run: restarting the workers of every node (failure restart {} of {})\n",
-                     record.summary, rdzv.read().restarts, o.max_restarts);
+                     record.summary, rdzv.read().restarts, max_restarts);
         } else {
           fmt::print(stderr, "cohort run: a node left the job; restarting the workers at the new size (no "
                              "restart used)\n");
@@ -177,10 +193,14 @@ int run_elastic_agent(const AgentSetup& setup) {
       } else {
         const auto s = rdzv.read();
         if (s.closed) return report_closed(rdzv, hosting);
+        if (const auto why = reason_to_close_after_finish(s, r, false); !why.empty()) {
+          close_with_root_cause(rdzv, r, why);
+          return report_closed(rdzv, hosting);
+        }
         if (s.failed_round >= r.round)
           fmt::print(stderr, "cohort run: another node's workers failed; restarting the workers of every node "
                              "(failure restart {} of {})\n",
-                     s.restarts, o.max_restarts);
+                     s.restarts, max_restarts);
         else
           fmt::print(stderr, "cohort run: the job's membership changed; restarting the workers at the new size "
                              "(no restart used)\n");

@@ -47,10 +47,11 @@ std::vector<FailureRecord> read_failure_records(elastic::DynamicRendezvous& rdzv
   return out;
 }
 
-void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r) {
+void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, const std::string& why) {
   auto records = read_failure_records(rdzv, r);
+  const auto finished = rdzv.read().done.size();  // nodes that finished post no record
   const auto until = std::chrono::steady_clock::now() + kGatherFor;
-  while (records.size() < r.nodes.size() && std::chrono::steady_clock::now() < until) {
+  while (records.size() + finished < r.nodes.size() && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     records = read_failure_records(rdzv, r);
   }
@@ -58,11 +59,10 @@ void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Roun
   std::sort(records.begin(), records.end(), [](const FailureRecord& a, const FailureRecord& b) {
     return a.own != b.own ? a.own : a.time_ms < b.time_ms;
   });
-  std::string text = records.empty() ? std::string("cohort run: the job failed (no node left a record)\n")
+  std::string text = records.empty() ? std::string("cohort run: the job failed (no node left a record of a failed "
+                                                  "worker)\n")
                                       : records.front().summary;
-  text += fmt::format("cohort run: no restarts left (--max-restarts {} used by the job as a whole); the job is "
-                      "closed on every node\n",
-                      rdzv.read().restarts);
+  text += "cohort run: " + why + "; the job is closed on every node\n";
   rdzv.store().set(rdzv.key("root_cause"), util::to_bytes(text));
   rdzv.update([](elastic::RendezvousState& s) {
     s.closed = true;

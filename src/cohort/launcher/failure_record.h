@@ -24,9 +24,11 @@ FailureRecord post_failure_record(elastic::DynamicRendezvous& rdzv, const elasti
 // The records posted so far for round `r`, by any node.
 std::vector<FailureRecord> read_failure_records(elastic::DynamicRendezvous& rdzv, const elastic::Round& r);
 
-// The restarts are used up: waits briefly for the other nodes' records, writes the
-// root cause (the earliest own failure, else the earliest failure) and closes the job.
-void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r);
+// The job cannot go on (its restarts are used up, or a node failed or was lost after
+// another had finished): waits briefly for the other nodes' records, writes the root
+// cause (the earliest own failure, else the earliest failure) followed by `why`,
+// and closes the job.
+void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, const std::string& why);
 // What close_with_root_cause wrote; empty when the job closed because it finished.
 std::string read_root_cause(elastic::DynamicRendezvous& rdzv);
 

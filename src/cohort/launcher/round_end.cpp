@@ -1,7 +1,9 @@
 #include "cohort/launcher/round_end.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <optional>
 #include <thread>
 
 #include "cohort/launcher/failure_record.h"
@@ -14,6 +16,9 @@ using elastic::RendezvousState;
 using elastic::Round;
 using Clock = std::chrono::steady_clock;
 constexpr auto kLook = std::chrono::milliseconds(100);
+// How long a finished node leaves a vanished node's agent to close the job with its
+// own root cause (close_with_root_cause gathers records for 2.5 s) before doing so.
+constexpr auto kGatherLost = std::chrono::seconds(4);
 
 // The agent hosting the store keeps it up until the other agents have left (they
 // read the job's outcome from it), for at most close_timeout.
@@ -71,23 +76,46 @@ int report_closed(DynamicRendezvous& rdzv, bool hosting) {
   return 1;
 }
 
-// Every worker here exited 0: an exit barrier, as torchrun's. The node says so in
-// the record and waits, heartbeats going on, until every node of the round is done
-// (or the round changed under it: a node failed after this one finished), bounded
-// by join_timeout. The agent hosting the store then closes the job and keeps the
-// store up until the others have left.
+// Note [Exit barrier]: every worker here exited 0, as torchrun's exit barrier. The
+// node says so in the record and waits, heartbeats going on, until every node of
+// the round is done; the agent hosting the store then closes the job and keeps the
+// store up until the others have left. The wait is bounded by the other nodes'
+// liveness, not by a timer: a node still training sends heartbeats and may take as
+// long as it needs (a long final evaluation or save), while a node that fails or
+// dies ends the wait (Note [Failures after a node finished]). A fixed bound would
+// let the host close the job under a node that is still working, as torchrun's
+// exit-barrier timeout does.
+//
+// Note [Failures after a node finished]: once a node of the round has finished,
+// the job is not restarted: the finished node has left training for good, and a
+// restart would train again without it from the last checkpoint. So a node whose
+// workers fail then closes the job with the root cause (its failure record), and a
+// node that vanishes (dropped for silence, or gone after failing without closing)
+// is closed on by a finished node once the failed node has had time to do so itself.
 int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::function<void()>& check) {
   rdzv.update([&](RendezvousState& s) {
     if (s.round != r.round) return false;
     s.done.insert(rdzv.node());
     return true;
   });
-  const auto deadline = Clock::now() + rdzv.settings().join_timeout();
-  while (Clock::now() < deadline) {
+  std::optional<Clock::time_point> lost_since;
+  while (true) {
     const auto s = rdzv.read();
-    bool waiting = false;
-    for (const auto& node : r.nodes) waiting = waiting || (s.participants.count(node) && !s.done.count(node));
-    if (!waiting || s.closed || s.round != r.round) break;
+    if (s.closed) return report_closed(rdzv, hosting);
+    if (s.round != r.round || !s.participants.count(rdzv.node())) {
+      fmt::print(stderr, "cohort run: this node's workers finished, but the node was dropped from the job (its "
+                         "heartbeats were late); the others go on without it\n");
+      return 1;
+    }
+    bool unfinished = false;
+    for (const auto& node : r.nodes) unfinished = unfinished || !s.done.count(node);
+    if (!unfinished) break;
+    const auto why = reason_to_close_after_finish(s, r, false);
+    if (!why.empty() && !lost_since) lost_since = Clock::now();
+    if (!why.empty() && Clock::now() - *lost_since > kGatherLost) {
+      close_with_root_cause(rdzv, r, why);
+      continue;  // and report it
+    }
     check();
     std::this_thread::sleep_for(kLook);
   }
@@ -98,6 +126,19 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
     });
   linger(rdzv, hosting);
   return 0;
+}
+
+std::string reason_to_close_after_finish(const RendezvousState& s, const Round& r, bool failed_here) {
+  if (s.round != r.round || s.done.empty()) return "";
+  std::vector<std::string> lost;
+  for (const auto& node : r.nodes)
+    if (!s.done.count(node) && !s.participants.count(node)) lost.push_back(node);
+  const auto finished = fmt::format("after {} of the round's {} nodes had finished (a job whose nodes have "
+                                    "finished is not restarted)",
+                                    s.done.size(), r.nodes.size());
+  if (lost.empty()) return failed_here ? "this node's workers failed " + finished : "";
+  return fmt::format("node {} left or stopped sending heartbeats before finishing, {}", fmt::join(lost, ", "),
+                     finished);
 }
 
 }  // namespace cohort::launcher

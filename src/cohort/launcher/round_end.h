@@ -4,6 +4,7 @@
 // closed job. The agent hosting the store keeps it up until the others have read
 // the outcome.
 #include <functional>
+#include <string>
 
 #include "cohort/elastic/dynamic_rendezvous.h"
 
@@ -17,10 +18,16 @@ enum class Verdict { kFailure, kMembership, kClosed };
 Verdict classify(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, bool own,
                  const std::function<void()>& check);
 
-// Every worker here exited 0: the exit barrier, then (hosting) the job's close.
-// Returns the agent's exit code.
+// Every worker here exited 0: the exit barrier (Note [Exit barrier]), then
+// (hosting) the job's close. Returns the agent's exit code.
 int finish(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, bool hosting,
            const std::function<void()>& check);
+
+// Why the job must close rather than restart, read from the record `s` in round
+// `r`: some node has finished (Note [Failures after a node finished]), and this
+// node's workers failed (`failed_here`) or another node vanished. Empty otherwise.
+std::string reason_to_close_after_finish(const elastic::RendezvousState& s, const elastic::Round& r,
+                                         bool failed_here);
 
 // The job is closed: prints its root cause, if it failed, and returns the exit code.
 int report_closed(elastic::DynamicRendezvous& rdzv, bool hosting);

@@ -50,6 +50,21 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
 
 }  // namespace
 
+// Note [Self-connect]: connecting to a port of this host on which nothing listens
+// can succeed when the port lies in the ephemeral range: the kernel may give the
+// socket that very port as its local one, and TCP's simultaneous open joins the
+// socket to itself. A client retrying until the store host is up would then read
+// its own bytes and, worse, hold the port, so that the agent meant to host the
+// store fails to bind it. Such a connection is dropped at once, as a refusal.
+bool connected_to_itself(int fd) {
+  sockaddr_in local{}, peer{};
+  socklen_t local_len = sizeof local, peer_len = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
+    return false;
+  return local.sin_port == peer.sin_port && local.sin_addr.s_addr == peer.sin_addr.s_addr;
+}
+
 Fd connect_once(const std::string& host, int port, Clock::time_point deadline, std::string& error) {
   addrinfo hints{};
   hints.ai_family = AF_INET;  // the server binds an IPv4 address (StoreServerOptions::bind_address)
@@ -81,6 +96,10 @@ Fd connect_once(const std::string& host, int port, Clock::time_point deadline, s
     }
     if (err != 0) {
       error = std::string("connect(): ") + std::strerror(err);
+      continue;
+    }
+    if (connected_to_itself(fd.get())) {
+      error = "connect(): nothing listens there (the socket connected to itself)";
       continue;
     }
     set_nodelay(fd.get());

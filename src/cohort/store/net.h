@@ -53,6 +53,9 @@ enum class Io { kDone, kClosed, kTimedOut, kFailed };
 // resolve); `error` then says why.
 Fd connect_once(const std::string& host, int port, Clock::time_point deadline, std::string& error);
 
+// Whether the connected socket `fd` is joined to itself (Note [Self-connect]).
+bool connected_to_itself(int fd);
+
 // Sets TCP_NODELAY: the store's requests are small and each waits for its reply.
 void set_nodelay(int fd);
 
