@@ -88,4 +88,28 @@ TEST(Classify, CasualtiesWithNoNodeLostAreAFailureAtTheBound) {
   beating.get();
 }
 
+// Note [Failures after a node finished]: the reason to close instead of restarting.
+TEST(ReasonToCloseAfterFinish, OnlyOnceANodeHasFinished) {
+  using cohort::launcher::reason_to_close_after_finish;
+  cohort::elastic::RendezvousState s;
+  s.round = 3;
+  s.participants = {{"a", 0}, {"b", 1}, {"c", 2}};
+  Round r;
+  r.round = 3;
+  r.world_size = 3;
+  r.nodes = {"a", "b", "c"};
+  EXPECT_EQ(reason_to_close_after_finish(s, r, true), "") << "nobody finished: an ordinary failure restart";
+  s.done = {"a"};
+  EXPECT_EQ(reason_to_close_after_finish(s, r, false), "") << "everyone alive: keep waiting";
+  EXPECT_NE(reason_to_close_after_finish(s, r, true).find("this node's workers failed after 1 of the round's 3"),
+            std::string::npos);
+  s.participants.erase("c");  // dropped for silence
+  const auto why = reason_to_close_after_finish(s, r, false);
+  EXPECT_NE(why.find("node c left or stopped sending heartbeats"), std::string::npos) << why;
+  s.participants.erase("a");  // a finished node that left is not lost
+  EXPECT_EQ(why, reason_to_close_after_finish(s, r, false));
+  s.round = 4;
+  EXPECT_EQ(reason_to_close_after_finish(s, r, true), "") << "another round's record";
+}
+
 }  // namespace
