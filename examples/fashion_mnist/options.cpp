@@ -40,7 +40,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu, cuda, or auto (cuda when LibTorch has it and a GPU is visible)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_flag("--deterministic", o.deterministic,
-               "Bitwise-reproducible: same seed and world size, same final weights, also across a resume");
+               "Bitwise-reproducible: same seed, world size and threads per worker (OMP_NUM_THREADS), "
+               "same final weights, also across a resume");
   app.add_option("--log-interval", o.log_interval_s, "Seconds between progress lines when not on a terminal")
       ->check(CLI::Range(0.0, 3600.0));
   try {

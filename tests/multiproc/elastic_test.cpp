@@ -28,7 +28,14 @@ using cohort::testing::TempDir;
 namespace {
 
 const std::string kToken = "elastic-test-token-5f0c2a9e";
-const std::map<std::string, std::string> kEnv = {{"COHORT_RDZV_TOKEN", kToken}, {"COHORT_TIMEOUT", "30"}};
+// Note [One thread per worker]: `cohort run`, like torchrun, sets OMP_NUM_THREADS=1
+// only when a node runs more than one worker, so a one-worker agent would train with
+// every core while the two-worker reference trains with one. LibTorch 2.x splits a
+// convolution's reductions by thread count, so the weights would drift apart by
+// rounding (1e-7 at first, 0.04 after 200 SGD steps) although every sample is the
+// same. Fixing the count here compares the data each rank trains on, not the threads.
+const std::map<std::string, std::string> kEnv = {
+    {"COHORT_RDZV_TOKEN", kToken}, {"COHORT_TIMEOUT", "30"}, {"OMP_NUM_THREADS", "1"}};
 
 struct Job {
   int port = cohort::testing::free_port();
