@@ -146,11 +146,12 @@ TEST(RendezvousState, AClosedRendezvousRefusesEveryone) {
 TEST(RendezvousState, AFailedRoundCountsOnceAndTheCountSurvivesRejoining) {
   RendezvousSettings settings(1, 2);
   RendezvousState s;
+  adopt_max_restarts(s, 2);
   join(s, "a", Millis(0), settings);
   join(s, "b", Millis(0), settings);
   // Both nodes report round 0's failure: one restart.
-  EXPECT_TRUE(count_failure(s, 0, 2));
-  EXPECT_TRUE(count_failure(s, 0, 2));
+  EXPECT_TRUE(count_failure(s, 0));
+  EXPECT_TRUE(count_failure(s, 0));
   EXPECT_EQ(s.restarts, 1);
   leave(s, "a", settings);
   leave(s, "b", settings);
@@ -158,14 +159,15 @@ TEST(RendezvousState, AFailedRoundCountsOnceAndTheCountSurvivesRejoining) {
   // A node that leaves and joins again finds the count where it was (pytorch#147064).
   join(s, "b", Millis(1), settings);
   join(s, "a", Millis(1), settings);
-  EXPECT_TRUE(count_failure(s, 1, 2));
+  EXPECT_TRUE(count_failure(s, 1));
   EXPECT_EQ(s.restarts, 2);
   leave(s, "a", settings);
   leave(s, "b", settings);
   join(s, "a", Millis(2), settings);
-  EXPECT_FALSE(count_failure(s, 2, 2)) << "the third failure exceeds --max-restarts 2";
+  EXPECT_FALSE(count_failure(s, 2)) << "the third failure exceeds --max-restarts 2";
   EXPECT_EQ(s.restarts, 2);
-  EXPECT_FALSE(count_failure(s, 2, 0));
+  RendezvousState unset;
+  EXPECT_FALSE(count_failure(unset, 0)) << "no limit adopted yet allows no restart";
 }
 
 // The limit is the job's: the first agent fixes it, and one that rejoins with a
@@ -176,10 +178,10 @@ TEST(RendezvousState, TheRestartLimitIsTheFirstAgentsForTheWholeJob) {
   EXPECT_EQ(adopt_max_restarts(s, 1), 1);
   EXPECT_EQ(adopt_max_restarts(s, 5), 1) << "a later agent follows the job's limit";
   join(s, "a", Millis(0), settings);
-  EXPECT_TRUE(count_failure(s, 0, 5));
+  EXPECT_TRUE(count_failure(s, 0));
   leave(s, "a", settings);
   join(s, "a", Millis(1), settings);
-  EXPECT_FALSE(count_failure(s, 1, 5)) << "the job's limit of 1 holds against an agent's 5";
+  EXPECT_FALSE(count_failure(s, 1)) << "the job's limit of 1 holds against an agent's 5";
   EXPECT_EQ(s.restarts, 1);
   EXPECT_EQ(decode(encode(s)).max_restarts, 1);
 }

@@ -188,9 +188,9 @@ std::int64_t adopt_max_restarts(RendezvousState& state, int mine) {
   return state.max_restarts;
 }
 
-bool count_failure(RendezvousState& state, std::int64_t round, int max_restarts) {
+bool count_failure(RendezvousState& state, std::int64_t round) {
   if (state.failed_round >= round) return true;  // another node counted it already
-  if (state.restarts >= (state.max_restarts >= 0 ? state.max_restarts : max_restarts)) return false;
+  if (state.restarts >= std::max<std::int64_t>(state.max_restarts, 0)) return false;
   ++state.restarts;
   state.failed_round = round;
   return true;

@@ -105,10 +105,10 @@ int nodes_waiting(const RendezvousState& state);
 // rejoins with a larger one cannot extend the job's budget (pytorch#147064).
 std::int64_t adopt_max_restarts(RendezvousState& state, int mine);
 
-// Counts the failure of `round` against the job's max_restarts (the record's, else
-// `max_restarts`), once however many nodes report it. Returns false when the
-// restarts are used up: the caller closes the job.
-bool count_failure(RendezvousState& state, std::int64_t round, int max_restarts);
+// Counts the failure of `round` against the job's limit (`state.max_restarts`, set
+// by adopt_max_restarts; none adopted yet allows none), once however many nodes
+// report it. Returns false when the restarts are used up: the caller closes the job.
+bool count_failure(RendezvousState& state, std::int64_t round);
 
 // The record as stored (JSON). decode throws cohort::DataError on anything else.
 std::string encode(const RendezvousState& state);

@@ -175,7 +175,7 @@ int run_elastic_agent(const AgentSetup& setup) {
         if (verdict == Verdict::kFailure) {
           bool go_on = true;
           rdzv.update([&](RendezvousState& s) {
-            go_on = elastic::count_failure(s, r.round, static_cast<int>(max_restarts));
+            go_on = elastic::count_failure(s, r.round);
             return go_on;
           });
           if (!go_on) {
