@@ -215,7 +215,7 @@ TEST(Checkpointer, FallsBackPastAManifestOfTheWrongShape) {
   EXPECT_NE(warnings.find("step-000000030"), std::string::npos) << warnings;
 }
 
-TEST(Checkpointer, ANewSaveAfterAFallbackIsKeptAndTheAbandonedStepsGo) {
+TEST(Checkpointer, ANewSaveAfterAFallbackIsKeptAndTheCorruptStepIsSetAside) {
   TempDir temp("cohort-ckpt");
   const auto& dir = temp.path;
   run_thread_world(1, [&](cohort::comm::World& world) {
@@ -231,7 +231,42 @@ TEST(Checkpointer, ANewSaveAfterAFallbackIsKeptAndTheAbandonedStepsGo) {
     ckpt.save(*model, opt, {250, 0, 0, {}}, torch::kCPU);
     EXPECT_EQ(ckpt.steps_on_disk(), (std::vector<std::int64_t>{250}));
     EXPECT_EQ(ckpt.load_latest(*model, opt, torch::kCPU)->progress.step, 250);
+    // The corrupt one keeps its bytes under a name that is no longer a step.
+    EXPECT_TRUE(fs::is_directory(dir + "/corrupt-step-000000300"));
+    EXPECT_NE(joined(w.seen).find("moved aside to " + dir + "/corrupt-step-000000300"), std::string::npos)
+        << joined(w.seen);
   });
+}
+
+// Note [Never older than the newest]: a run whose step counter restarted (or one that
+// saves "best" checkpoints into the same directory) saves a step below the newest
+// one on disk. Every rank is refused, and every checkpoint stays, bytes and all.
+TEST(Checkpointer, AnOlderStepIsRefusedOnEveryRankAndNothingIsLost) {
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
+  std::vector<std::string> errors(2);
+  run_thread_world(2, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Checkpointer ckpt(dir, world.group(), CheckpointerOptions().keep_last(2));
+    for (int step : {10, 20, 30}) ckpt.save(*model, opt, {step, 0, 0, {}}, torch::kCPU);
+    const auto before = read_whole_file(ckpt.path_of(30) + "/model.pt");
+    try {
+      ckpt.save(*model, opt, {5, 0, 0, {}}, torch::kCPU);
+    } catch (const cohort::ConfigError& e) {
+      errors[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+    world.group().barrier();
+    EXPECT_EQ(ckpt.steps_on_disk(), (std::vector<std::int64_t>{20, 30}));
+    EXPECT_FALSE(fs::exists(ckpt.path_of(5)));
+    EXPECT_EQ(read_whole_file(ckpt.path_of(30) + "/model.pt"), before);
+    EXPECT_EQ(ckpt.load_latest(*model, opt, torch::kCPU)->progress.step, 30);
+  });
+  for (const auto* part : {"refusing to save the checkpoint of step 5", "step-000000030", "load_latest",
+                           "another directory", "nothing was written or removed"}) {
+    EXPECT_NE(errors[0].find(part), std::string::npos) << errors[0];
+  }
+  EXPECT_NE(errors[1].find("rank 0 refused to save"), std::string::npos) << errors[1];
 }
 
 TEST(Checkpointer, AnotherModelIsAConfigErrorThatNamesTheKey) {

@@ -1,6 +1,7 @@
 // The IDX reader and the Fashion-MNIST dataset, on Debian's real files and on small
 // files made here (valid, truncated, bit-flipped, mislabelled).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -152,4 +153,25 @@ TEST(FashionMnist, WrongContentIsNamed) {
   // Images of the wrong size.
   write_gz(dir + "/train-images-idx3-ubyte.gz", idx_bytes({4, 2, 2}, std::vector<std::uint8_t>(16)));
   expect_data_error([&] { FashionMnist(dir, FashionMnist::Split::kTrain); }, {"[N, 28, 28]"});
+}
+
+// Note [Check the header before allocating] in idx_file.cpp: a 16-byte file whose header
+// announces 2^31 elements is refused from its size, without a 2 GiB allocation.
+TEST(FashionMnist, ABogusHeaderIsRefusedBeforeAnyAllocation) {
+  TempDir temp("cohort-fmnist");
+  const auto& dir = temp.path;
+  const auto header = idx_bytes({2048, 1024, 1024}, {});
+  ASSERT_EQ(header.size(), 16u);
+  write_plain(dir + "/plain", header);
+  write_gz(dir + "/packed.gz", header);
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  expect_data_error([&] { cohort::data::read_idx_file(dir + "/plain"); },
+                    {dir + "/plain", "announces 2147483648 elements", "16 bytes", "at most 0"});
+  expect_data_error([&] { cohort::data::read_idx_file(dir + "/packed.gz"); },
+                    {dir + "/packed.gz", "announces 2147483648 elements", "gzipped file"});
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  // ru_maxrss is in KiB: the peak may not have grown by anything like 2 GiB.
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "the reader allocated for the bogus header";
 }

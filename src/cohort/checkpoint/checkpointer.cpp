@@ -29,6 +29,7 @@ namespace cohort::checkpoint {
 namespace {
 
 constexpr const char* kStepPrefix = "step-";
+constexpr const char* kCorruptPrefix = "corrupt-";
 const std::vector<std::string> kFiles = {"model.pt", "optimizer.pt", "trainer.pt"};
 
 std::optional<std::int64_t> step_of(const std::string& name) {
@@ -40,12 +41,20 @@ std::optional<std::int64_t> step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
+// One code per rank, combined so that every rank learns the largest.
+std::int64_t max_over_ranks(comm::Group& group, std::int64_t code, c10::Device device) {
+  auto flag = torch::full({1}, code, torch::dtype(torch::kInt64).device(device));
+  group.all_reduce(flag, comm::ReduceOp::kMax);
+  return flag.item<std::int64_t>();
+}
+
 // One flag per rank, combined so that every rank learns whether any rank failed.
 bool any_rank(comm::Group& group, bool failed, c10::Device device) {
-  auto flag = torch::full({1}, failed ? 1 : 0, torch::dtype(torch::kInt64).device(device));
-  group.all_reduce(flag, comm::ReduceOp::kMax);
-  return flag.item<std::int64_t>() != 0;
+  return max_over_ranks(group, failed ? 1 : 0, device) != 0;
 }
+
+// What rank 0's save came to; every rank learns it (max_over_ranks).
+enum SaveOutcome : std::int64_t { kSaved = 0, kWriteFailed = 1, kRefused = 2 };
 
 std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
@@ -116,7 +125,12 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
   }
   const std::string path = path_of(progress.step);
   std::string error;
+  SaveOutcome outcome = kSaved;
   if (group_.rank() == 0) {
+    error = refusal(progress.step);
+    if (!error.empty()) outcome = kRefused;
+  }
+  if (group_.rank() == 0 && outcome == kSaved) {
     try {
       const std::vector<std::string> contents = {
           state_dict_bytes(model), optimizer_bytes(optimizer),
@@ -124,23 +138,51 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
       write(path, kFiles, contents);
     } catch (const std::exception& e) {
       error = e.what();
+      outcome = kWriteFailed;
     }
     if (error.empty()) {
       try {
-        prune(progress.step);
+        prune();
       } catch (const std::exception& e) {
         // The checkpoint is durable; failing to remove old ones must not stop training.
         warn(fmt::format("could not remove old checkpoints in {}: {}", directory_, e.what()));
       }
     }
   }
-  if (any_rank(group_, !error.empty(), device)) {
-    throw Error(group_.rank() == 0
-                    ? fmt::format("could not write the checkpoint {}: {}", path, error)
-                    : fmt::format("rank 0 could not write the checkpoint {}; its log says why",
-                                  path));
+  switch (max_over_ranks(group_, outcome, device)) {
+    case kSaved:
+      return path;
+    case kRefused:
+      throw ConfigError(group_.rank() == 0
+                            ? error
+                            : fmt::format("rank 0 refused to save the checkpoint {}: the directory "
+                                          "holds newer checkpoints; its log says which",
+                                          path));
+    default:
+      throw Error(group_.rank() == 0
+                      ? fmt::format("could not write the checkpoint {}: {}", path, error)
+                      : fmt::format("rank 0 could not write the checkpoint {}; its log says why",
+                                    path));
   }
-  return path;
+}
+
+// Note [Never older than the newest]
+// Pruning keeps the newest keep_last checkpoints by step. A save whose step is below a
+// checkpoint already on disk would either be pruned at once (the newer ones outrank
+// it) or, if the newer ones were removed to make room, destroy work the user may
+// want: a run whose step counter restarted, or one that saves "best" checkpoints
+// into the same directory. Neither is silent: such a save is refused on every rank,
+// and nothing on disk changes. A newer checkpoint that load_latest found corrupt
+// does not count: it was moved aside to corrupt-step-N when it was skipped.
+std::string Checkpointer::refusal(std::int64_t step) const {
+  const auto steps = steps_on_disk();
+  if (steps.empty() || steps.back() <= step) return {};
+  return fmt::format(
+      "refusing to save the checkpoint of step {} into {}: it already holds {}, a newer step, "
+      "and pruning keeps the newest {}; nothing was written or removed. Resume with "
+      "Checkpointer::load_latest (it continues from step {}), save into another directory "
+      "(one per run, or one for best-so-far checkpoints), or move the newer checkpoints away",
+      step, directory_, path_of(steps.back()), options_.keep_last(), steps.back());
 }
 
 void Checkpointer::write(const std::string& final_path, const std::vector<std::string>& files,
@@ -172,19 +214,10 @@ void Checkpointer::write(const std::string& final_path, const std::vector<std::s
   fsync_directory(directory_);
 }
 
-void Checkpointer::prune(std::int64_t written) const {
-  // Steps above the one just written belong to a run that was abandoned (this one
-  // resumed from an older checkpoint, e.g. past a corrupt newer one); keeping them
-  // would make the next load skip the newer work, and counting them would push out
-  // the checkpoint just written.
-  std::vector<std::int64_t> kept;
-  for (auto step : steps_on_disk()) {
-    if (step > written) {
-      fs::remove_all(path_of(step));
-    } else {
-      kept.push_back(step);
-    }
-  }
+void Checkpointer::prune() const {
+  // Nothing on disk is newer than the step just written (Note [Never older than the
+  // newest]), so the newest keep_last include it.
+  const auto kept = steps_on_disk();
   const auto keep = static_cast<std::size_t>(options_.keep_last());
   for (std::size_t i = 0; i + keep < kept.size(); ++i) fs::remove_all(path_of(kept[i]));
   // Leftovers of a writer that died mid-save (rank 0 is the only writer, and saves
@@ -205,11 +238,26 @@ std::optional<std::int64_t> Checkpointer::newest_good_step() const {
       }
       return *it;
     } catch (const DataError& e) {
-      warn(fmt::format("skipping the checkpoint {}: {}", path_of(*it), e.what()));
+      warn(fmt::format("skipping the checkpoint {}: {}; {}", path_of(*it), e.what(),
+                       set_aside(*it)));
     }
   }
   if (!steps.empty()) warn(fmt::format("no usable checkpoint in {}; starting afresh", directory_));
   return std::nullopt;
+}
+
+// A corrupt checkpoint keeps its bytes (someone may want to look at them) under a name
+// that is no longer a step, so it neither shadows nor blocks newer saves.
+std::string Checkpointer::set_aside(std::int64_t step) const {
+  const fs::path from = path_of(step);
+  const std::string name = kCorruptPrefix + from.filename().string();
+  fs::path to = fs::path(directory_) / name;
+  for (int n = 1; fs::exists(to); ++n) to = fs::path(directory_) / fmt::format("{}.{}", name, n);
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  if (ec) return fmt::format("could not move it aside ({}); it stays where it is", ec.message());
+  fsync_directory(directory_);
+  return fmt::format("moved aside to {}", to.string());
 }
 
 std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,

@@ -66,13 +66,16 @@ class Checkpointer {
 
   // Collective. Rank 0 writes the checkpoint of `progress.step` and removes the ones
   // beyond keep_last; every rank returns the directory's path, or every rank throws if
-  // rank 0 could not write it.
+  // rank 0 could not write it. A step older than the newest checkpoint on disk is
+  // refused on every rank with a cohort::ConfigError, and nothing on disk changes
+  // (Note [Never older than the newest]); saving the newest step again replaces it.
   std::string save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                    const TrainingProgress& progress, c10::Device device);
 
   // Collective. Loads the newest checkpoint whose checksums hold into `model`,
   // `optimizer` and this rank's generators; std::nullopt when there is none. Corrupt
-  // newer ones are skipped with a warning. A checkpoint from another model is a
+  // newer ones are skipped with a warning and renamed corrupt-step-N (kept, no
+  // longer a step). A checkpoint from another model is a
   // cohort::ConfigError (no fallback: an older one would not fit either).
   std::optional<Restored> load_latest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                       c10::Device device);
@@ -87,7 +90,9 @@ class Checkpointer {
   std::optional<std::int64_t> newest_good_step() const;
   void write(const std::string& final_path, const std::vector<std::string>& files,
              const std::vector<std::string>& contents) const;
-  void prune(std::int64_t written) const;
+  void prune() const;
+  std::string refusal(std::int64_t step) const;
+  std::string set_aside(std::int64_t step) const;
 
   std::string directory_;
   comm::Group group_;

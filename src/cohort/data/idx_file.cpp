@@ -2,6 +2,8 @@
 
 #include <zlib.h>
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -19,6 +21,9 @@ constexpr std::uint8_t kUnsignedByte = 0x08;
 // become a huge allocation.
 constexpr int kMaxDims = 8;
 constexpr std::int64_t kMaxElements = std::int64_t{1} << 31;
+// Deflate never expands data more than about 1032-fold (a run of one byte value is the
+// best case), so a gzipped file of S bytes holds at most S * kMaxGzipRatio bytes.
+constexpr std::int64_t kMaxGzipRatio = 1032;
 
 struct GzCloser {
   void operator()(gzFile_s* f) const { gzclose(f); }
@@ -55,6 +60,33 @@ void read_exactly(gzFile_s* f, const std::string& path, void* out, std::size_t s
   }
 }
 
+// Note [Check the header before allocating]
+// A header is 4 + 4 * dims bytes of claims; the file's size is a fact. A bogus header
+// can announce 2^31 elements in a 16-byte file, and allocating (and zeroing) that
+// before reading would cost gigabytes to find what the size already tells. So the
+// announced element count is checked against the most the file can hold: its size
+// less the header for a plain file, and deflate's largest expansion of its size for a
+// gzipped one. Only then is the array allocated.
+void check_fits(gzFile_s* f, const std::string& path, std::int64_t file_size,
+                std::int64_t header_bytes, std::int64_t elements) {
+  const bool plain = gzdirect(f) != 0;
+  const std::int64_t most = plain ? file_size - header_bytes : file_size * kMaxGzipRatio;
+  if (elements > most) {
+    throw DataError(fmt::format(
+        "{}: the header announces {} elements, but this {}file of {} bytes can hold at most "
+        "{}; the header is corrupt (reinstall or download the file again)",
+        path, elements, plain ? "" : "gzipped ", file_size, most));
+  }
+}
+
+std::int64_t file_size_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  }
+  return static_cast<std::int64_t>(st.st_size);
+}
+
 }  // namespace
 
 IdxArray read_idx_file(const std::string& path) {
@@ -84,6 +116,7 @@ IdxArray read_idx_file(const std::string& path) {
     elements *= dim;
     array.dims.push_back(dim);
   }
+  check_fits(file.get(), path, file_size_of(path), 4 + 4 * std::int64_t{magic[3]}, elements);
   array.bytes.resize(static_cast<std::size_t>(elements));
   read_exactly(file.get(), path, array.bytes.data(), array.bytes.size(), "data");
   // Reading past the data makes zlib check the gzip trailer (CRC and length), and
