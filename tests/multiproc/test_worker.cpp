@@ -14,7 +14,7 @@
 //   fds               prints the descriptors it inherited: "fds: 0 1 2"
 //   late_store [S]    node 0's workers set a key in the job's store and exit; node 1's
 //                     wait S seconds (default 4), then read the key from the store and
-//                     print "late store ok at_ms=<wall clock>"
+//                     print "late store ok at_ms=<wall clock>" (or "FAILED (why)", exit 1)
 //   sleep_node K      node K's workers print "ready pid=<pid>" and wait to be signalled;
 //                     the other nodes' exit at once
 #include <signal.h>
@@ -140,13 +140,19 @@ int late_store(const cohort::comm::EnvMap& env, int delay_s) {
   }
   // A deliberate gap, so that node 0's workers are long gone when this one reads.
   std::this_thread::sleep_for(std::chrono::seconds(delay_s));
-  auto store = cohort::compat::make_tcp_store(host, port, false, std::chrono::seconds(5));
-  store->wait({key}, std::chrono::seconds(5));
-  expect(store->get(key) == std::vector<uint8_t>{'h', 'i'}, "the key node 0's worker set");
+  std::string outcome = "ok";
+  try {
+    auto store = cohort::compat::make_tcp_store(host, port, false, std::chrono::seconds(5));
+    store->wait({key}, std::chrono::seconds(5));
+    expect(store->get(key) == std::vector<uint8_t>{'h', 'i'}, "the key node 0's worker set");
+  } catch (const std::exception& e) {
+    outcome = std::string("FAILED (") + e.what() + ")";
+  }
+  // The last thing this worker does, so that the test can order node 0's exit after it.
   const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::system_clock::now().time_since_epoch());
-  std::cout << "late store ok at_ms=" << now.count() << std::endl;
-  return 0;
+  std::cout << "late store " << outcome << " at_ms=" << now.count() << std::endl;
+  return outcome == "ok" ? 0 : 1;
 }
 
 void write_raw(const std::string& text) {
