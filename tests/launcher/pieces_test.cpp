@@ -47,6 +47,49 @@ TEST(WorkerEnv, KeepsTheUsersThreadCountAndOneWorkerAlone) {
   EXPECT_EQ(worker_environment({}, o, one, {}, "e").count("OMP_NUM_THREADS"), 0u);
 }
 
+TEST(WorkerEnv, NcclAsyncErrorHandlingUnderBothNames) {
+  RunOptions o;
+  WorkerSlot slot{0, 0, 1, 1, 0, 1};
+  auto both = worker_environment({}, o, slot, {}, "e");
+  EXPECT_EQ(both["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");  // LibTorch 2.x
+  EXPECT_EQ(both["NCCL_ASYNC_ERROR_HANDLING"], "1");        // LibTorch 1.13
+  // A user's choice under either name holds under both.
+  auto old_name = worker_environment({{"NCCL_ASYNC_ERROR_HANDLING", "0"}}, o, slot, {}, "e");
+  EXPECT_EQ(old_name["NCCL_ASYNC_ERROR_HANDLING"], "0");
+  EXPECT_EQ(old_name["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
+  auto new_name = worker_environment({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}, o, slot, {}, "e");
+  EXPECT_EQ(new_name["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "3");
+  EXPECT_EQ(new_name["NCCL_ASYNC_ERROR_HANDLING"], "3");
+  auto mixed = worker_environment({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}, o,
+                                  slot, {}, "e");
+  EXPECT_EQ(mixed["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "2");
+  EXPECT_EQ(mixed["NCCL_ASYNC_ERROR_HANDLING"], "0");
+}
+
+TEST(WorkerEnv, LauncherOwnedVariablesAreCleared) {
+  const cohort::comm::EnvMap outer{{"COHORT_AGENT_STORE", "cohort"},
+                                   {"COHORT_STORE_PREFIX", "/cohort/outer/round_0/worker"},
+                                   {"COHORT_RDZV_TOKEN", "outer-job-token-0123456789"},
+                                   {"COHORT_CONSOLE_TTY", "1"},
+                                   {"PATH", "/bin"}};
+  auto base = without_launcher_variables(outer);
+  EXPECT_EQ(base, (cohort::comm::EnvMap{{"PATH", "/bin"}}));
+}
+
+TEST(SignalPipe, ChildExitsAreNotStopRequests) {
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_NONBLOCK), 0);
+  const unsigned char exits[] = {SIGCHLD, SIGCHLD};
+  ASSERT_EQ(::write(fds[1], exits, sizeof exits), 2);
+  EXPECT_EQ(take_stop_signal(fds[0]), 0);
+  const unsigned char mixed[] = {SIGCHLD, SIGTERM, SIGCHLD, SIGINT};
+  ASSERT_EQ(::write(fds[1], mixed, sizeof mixed), 4);
+  EXPECT_EQ(take_stop_signal(fds[0]), SIGTERM);
+  EXPECT_EQ(take_stop_signal(fds[0]), 0) << "every byte is drained";
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
 TEST(LineSplitter, JoinsChunksAndFlushesTheTail) {
   LineSplitter s;
   std::vector<std::string> lines;
@@ -83,35 +126,40 @@ TEST(LineSplitter, CarriageReturnsEndStatusSegmentsOnlyWhenAsked) {
   EXPECT_EQ(lines, (std::vector<std::string>{"\rstep 1\rstep 2", "summary"}));
 }
 
-// What the router writes to a console (a terminal or not) and to a log file for a
-// worker that redraws a progress line.
-std::pair<std::string, std::string> route_progress(bool console_is_tty) {
-  int source[2], console[2], log[2];
+std::string drain(int fd) {
+  std::string out;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// What the router writes to a console (a terminal, a plain one, or none: the stream
+// is redirected) and to a log file for a worker that prints `text`.
+std::pair<std::string, std::string> route_text(const std::string& text, bool console_is_tty, bool console = true) {
+  int source[2], out[2], log[2];
   EXPECT_EQ(::pipe(source), 0);
-  EXPECT_EQ(::pipe(console), 0);
+  EXPECT_EQ(::pipe(out), 0);
   EXPECT_EQ(::pipe(log), 0);
   OutputRouter router;
   OutputRouter::Route r;
   r.source_fd = source[0];
-  r.console_fd = console[1];
+  r.console_fd = console ? out[1] : -1;
   r.log_fd = log[1];
   r.prefix = "[rank0]: ";
   r.console_is_tty = console_is_tty;
   router.add(r);
-  const std::string text = "step 1\x1b[K\rstep 2\x1b[K\r\nsummary\n";
   EXPECT_EQ(::write(source[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
   ::close(source[1]);
   while (!router.open_fds().empty()) router.pump(source[0]);  // closes the log at the end
-  ::close(console[1]);
-  auto drain = [](int fd) {
-    std::string out;
-    char buf[256];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
-    ::close(fd);
-    return out;
-  };
-  return {drain(console[0]), drain(log[0])};
+  ::close(out[1]);
+  return {drain(out[0]), drain(log[0])};
+}
+
+// A worker that redraws a progress line.
+std::pair<std::string, std::string> route_progress(bool console_is_tty) {
+  return route_text("step 1\x1b[K\rstep 2\x1b[K\r\nsummary\n", console_is_tty);
 }
 
 TEST(OutputRouter, DrawsStatusInPlaceOnATerminalOnly) {
@@ -123,8 +171,96 @@ TEST(OutputRouter, DrawsStatusInPlaceOnATerminalOnly) {
             "[rank0]: summary\n");
   EXPECT_EQ(tty_log, "step 2\nsummary\n");  // no redraws and no escapes in the log
   auto [plain, plain_log] = route_progress(false);
-  EXPECT_EQ(plain, "[rank0]: step 1\x1b[K\n[rank0]: step 2\x1b[K\n[rank0]: step 2\x1b[K\n[rank0]: summary\n");
+  // Each segment once: the '\n' that finishes "step 2" does not print it again.
+  EXPECT_EQ(plain, "[rank0]: step 1\x1b[K\n[rank0]: step 2\x1b[K\n[rank0]: summary\n");
   EXPECT_EQ(plain_log, tty_log);
+}
+
+TEST(OutputRouter, CrlfLinesAppearOnceOnAPlainConsole) {
+  auto [plain, log] = route_text("first\r\nsecond\r\n", false);
+  EXPECT_EQ(plain, "[rank0]: first\n[rank0]: second\n");
+  EXPECT_EQ(log, "first\nsecond\n");
+  auto [tty, tty_log] = route_text("first\r\n", true);
+  EXPECT_EQ(tty, "\r[rank0]: first\r\x1b[K[rank0]: first\n");  // drawn, then kept as a line
+  EXPECT_EQ(tty_log, "first\n");
+}
+
+TEST(OutputRouter, TextEndedByCarriageReturnReachesTheLogAtTheEnd) {
+  // A redirected stream (-r): no console, only the log.
+  auto [none, log] = route_text("epoch 1\n50%\r100%\r", false, false);
+  EXPECT_EQ(none, "");
+  EXPECT_EQ(log, "epoch 1\n100%\n");
+  auto [plain, plain_log] = route_text("50%\r100%\r", false);
+  EXPECT_EQ(plain, "[rank0]: 50%\n[rank0]: 100%\n");
+  EXPECT_EQ(plain_log, "100%\n");
+}
+
+TEST(OutputRouter, AFailedLogWriteIsReportedOnce) {
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  {
+    OutputRouter router(report[1]);
+    for (int i = 0; i < 2; ++i) {  // two workers' logs on a full disk
+      int source[2];
+      ASSERT_EQ(::pipe(source), 0);
+      OutputRouter::Route r;
+      r.source_fd = source[0];
+      r.log_path = "/dev/full";
+      router.add(r);
+      const std::string text = "one\ntwo\nthree\n";
+      ASSERT_EQ(::write(source[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
+      ::close(source[1]);
+    }
+    while (!router.open_fds().empty())
+      for (int fd : router.open_fds()) router.pump(fd);
+  }
+  ::close(report[1]);
+  const auto reported = drain(report[0]);
+  EXPECT_NE(reported.find("could not write the worker log /dev/full: No space left on device"), std::string::npos)
+      << reported;
+  EXPECT_NE(reported.find("fix: "), std::string::npos) << reported;
+  EXPECT_EQ(reported.find("cohort run"), reported.rfind("cohort run")) << "reported more than once:\n" << reported;
+}
+
+TEST(OutputRouter, ALogThatCannotBeCreatedIsReported) {
+  int source[2], report[2];
+  ASSERT_EQ(::pipe(source), 0);
+  ASSERT_EQ(::pipe(report), 0);
+  {
+    OutputRouter router(report[1]);
+    OutputRouter::Route r;
+    r.source_fd = source[0];
+    r.log_path = "/nonexistent-cohort-dir/stdout.log";
+    router.add(r);
+    ::close(source[1]);
+    router.close_all();
+  }
+  ::close(report[1]);
+  EXPECT_NE(drain(report[0]).find("could not create the worker log /nonexistent-cohort-dir/stdout.log"),
+            std::string::npos);
+}
+
+TEST(LineSplitter, FinishedStatusGoesToDoneAndTheTailIsNotLost) {
+  LineSplitter s;
+  std::vector<std::string> lines, status, done;
+  auto line = [&](const std::string& l) { lines.push_back(l); };
+  auto stat = [&](const std::string& l) { status.push_back(l); };
+  auto fin = [&](const std::string& l) { done.push_back(l); };
+  const std::string text = "a\r\nb\rc\r";
+  s.feed(text.data(), text.size(), line, stat, fin);
+  EXPECT_EQ(status, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(done, (std::vector<std::string>{"a"}));
+  EXPECT_TRUE(lines.empty());
+  s.finish(line, fin);
+  EXPECT_EQ(done, (std::vector<std::string>{"a", "c"}));
+  EXPECT_TRUE(lines.empty());
+  // Without `done`, the status is emitted as a line at the end, once.
+  LineSplitter plain;
+  lines.clear();
+  plain.feed("x\r", 2, line, stat);
+  plain.finish(line);
+  plain.finish(line);
+  EXPECT_EQ(lines, (std::vector<std::string>{"x"}));
 }
 
 TEST(LineSplitter, SplitsOverlongLines) {

@@ -11,11 +11,13 @@
 #include <thread>
 
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace {
 
 using cohort::testing::ProcessResult;
 using cohort::testing::Subprocess;
+using cohort::testing::TempDir;
 using namespace std::chrono_literals;
 
 const std::string kCohort = COHORT_CLI_PATH;
@@ -73,7 +75,8 @@ TEST(Launcher, WorkerEnvironmentMatchesTorchrun) {
         "[rank1]: GROUP_WORLD_SIZE=1", "[rank1]: ROLE_WORLD_SIZE=2", "[rank1]: MASTER_ADDR=127.0.0.1",
         "[rank1]: TORCHELASTIC_RESTART_COUNT=0", "[rank1]: TORCHELASTIC_MAX_RESTARTS=0",
         "[rank1]: TORCHELASTIC_RUN_ID=job42", "[rank1]: TORCHELASTIC_USE_AGENT_STORE=True",
-        "[rank1]: OMP_NUM_THREADS=1", "[rank0]: RANK=0"})
+        "[rank1]: OMP_NUM_THREADS=1", "[rank0]: RANK=0", "[rank1]: TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+        "[rank1]: NCCL_ASYNC_ERROR_HANDLING=1"})
     EXPECT_NE(r.out.find(expected), std::string::npos) << expected << "\n" << describe(r);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\[rank0\]: MASTER_PORT=(\d+))"))) << describe(r);
@@ -239,6 +242,164 @@ TEST(Launcher, TwoStaticNodesFormOneWorld) {
   ASSERT_EQ(r1.exit_code, 0) << describe(r1);
   EXPECT_NE(r0.out.find("[rank1]: collectives ok rank 1 world 4 sum 6"), std::string::npos) << describe(r0);
   EXPECT_NE(r1.out.find("[rank3]: collectives ok rank 3 world 4 sum 6"), std::string::npos) << describe(r1);
+}
+
+std::vector<std::string> static_node(int node_rank, const std::string& port, std::vector<std::string> worker_args) {
+  return cohort_run(1, std::move(worker_args),
+                    {"--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-addr", "127.0.0.1",
+                     "--master-port", port});
+}
+
+using WallClock = std::chrono::system_clock;
+
+long long wall_ms(WallClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+// Note [Static exit barrier]: node 0 hosts the store, so it must outlive every worker of the
+// job. Node 0's worker exits at once; node 1's reads the store 4 s later.
+TEST(Launcher, StaticNodeZeroOutlivesEveryWorker) {
+  const auto port = std::to_string(cohort::testing::free_port());
+  Subprocess node0(static_node(0, port, {"late_store", "4"}));
+  Subprocess node1(static_node(1, port, {"late_store", "4"}));
+  // Each launcher's exit is noted on its own thread, so that waiting for one never
+  // delays noticing the other.
+  ProcessResult r0;
+  WallClock::time_point exit0;
+  std::thread wait0([&] {
+    r0 = node0.finish(120s);
+    exit0 = WallClock::now();
+  });
+  auto r1 = node1.finish(120s);
+  wait0.join();
+  EXPECT_EQ(r0.exit_code, 0) << describe(r0);
+  EXPECT_NE(r0.out.find("[rank0]: late store set"), std::string::npos) << describe(r0);
+  EXPECT_EQ(r1.exit_code, 0) << "node 1's worker lost the store\n" << describe(r1);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r1.out, m, std::regex(R"(\[rank1\]: late store (.*) at_ms=(\d+))"))) << describe(r1);
+  EXPECT_EQ(m[1].str(), "ok");
+  // Causal order: node 1's worker printed this as its last act, and node 0 may only
+  // leave after node 1 reported its workers done. (exit0 is noted late, never early.)
+  EXPECT_GE(wall_ms(exit0), std::stoll(m[2])) << "node 0 exited before node 1's worker was done\n"
+                                               << describe(r0) << "\n" << describe(r1);
+}
+
+TEST(Launcher, StaticExitBarrierStillStopsOnSigterm) {
+  const auto port = std::to_string(cohort::testing::free_port());
+  Subprocess node0(static_node(0, port, {"sleep_node", "1"}));
+  Subprocess node1(static_node(1, port, {"sleep_node", "1"}));
+  auto pids = start_sleepers(node1, 1);
+  ASSERT_EQ(pids.size(), 1u);
+  // Node 0's worker has exited; node 0 now waits for node 1's.
+  ASSERT_TRUE(node0.read_until([&](const std::string&) { return node0.err().find("waits up to") != std::string::npos; },
+                               60s))
+      << node0.err();
+  kill(node0.pid(), SIGTERM);
+  auto r0 = node0.finish(30s);
+  EXPECT_FALSE(r0.timed_out) << describe(r0);
+  EXPECT_EQ(r0.exit_code, 128 + SIGTERM) << describe(r0);
+  EXPECT_NE(r0.err.find("stopped by signal TERM while waiting for the other nodes"), std::string::npos)
+      << describe(r0);
+  kill(node1.pid(), SIGTERM);
+  auto r1 = node1.finish(30s);
+  EXPECT_FALSE(r1.timed_out) << describe(r1);
+  EXPECT_TRUE(all_gone(pids, 5s));
+}
+
+// Note [Closing descriptors]: LibTorch's store opens pipes without close-on-exec.
+TEST(Launcher, WorkersInheritOnlyStandardStreams) {
+  for (const char* nnodes : {"1", "2"}) {
+    SCOPED_TRACE(std::string("--nnodes ") + nnodes);
+    if (std::string(nnodes) == "1") {
+      auto r = cohort::testing::run_process(cohort_run(2, {"fds"}), 60s);
+      ASSERT_EQ(r.exit_code, 0) << describe(r);
+      EXPECT_EQ(count(r.out, ": fds: 0 1 2\n"), 2) << describe(r);
+      continue;
+    }
+    const auto port = std::to_string(cohort::testing::free_port());
+    Subprocess node0(static_node(0, port, {"fds"}));
+    Subprocess node1(static_node(1, port, {"fds"}));
+    auto r1 = node1.finish(60s);
+    auto r0 = node0.finish(60s);
+    ASSERT_EQ(r0.exit_code, 0) << describe(r0);
+    ASSERT_EQ(r1.exit_code, 0) << describe(r1);
+    EXPECT_NE(r0.out.find("[rank0]: fds: 0 1 2\n"), std::string::npos) << describe(r0);
+    EXPECT_NE(r1.out.find("[rank1]: fds: 0 1 2\n"), std::string::npos) << describe(r1);
+  }
+}
+
+// Note [Variables the launcher owns]: a static job started inside an elastic job's
+// worker inherits that job's store variables.
+TEST(Launcher, StaticWorkersDoNotFollowAnOuterJobsStore) {
+  const std::map<std::string, std::string> outer{{"COHORT_AGENT_STORE", "cohort"},
+                                                 {"COHORT_STORE_PREFIX", "/cohort/outer/round_0/worker"},
+                                                 {"COHORT_RDZV_TOKEN", "outer-job-token-0123456789abcdef"},
+                                                 {"COHORT_CONSOLE_TTY", "1"},
+                                                 {"COHORT_JOIN_TIMEOUT", "10"},
+                                                 {"COHORT_TIMEOUT", "10"}};
+  auto env = cohort::testing::run_process(cohort_run(2, {"env"}), 60s, outer);
+  ASSERT_EQ(env.exit_code, 0) << describe(env);
+  for (const char* name : {"COHORT_AGENT_STORE", "COHORT_STORE_PREFIX", "COHORT_RDZV_TOKEN", "COHORT_CONSOLE_TTY"})
+    EXPECT_NE(env.out.find(std::string("[rank1]: ") + name + "=<unset>"), std::string::npos) << name << "\n"
+                                                                                               << describe(env);
+  auto r = cohort::testing::run_process(cohort_run(2, {"collectives"}), 90s, outer);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("[rank1]: collectives ok rank 1 world 2"), std::string::npos) << describe(r);
+}
+
+TEST(Launcher, RelativeLogDirGivesAbsoluteErrorFiles) {
+  TempDir dir("cohort-relative");
+  const auto root = std::filesystem::canonical(dir.path).string();
+  std::vector<std::string> argv{"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", root};
+  auto launch = cohort_run(2, {"env"}, {"--log-dir", "logs"});
+  argv.insert(argv.end(), launch.begin(), launch.end());
+  auto r = cohort::testing::run_process(argv, 60s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const std::regex error_file(R"(TORCHELASTIC_ERROR_FILE=(\S+))");
+  int files = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), error_file); it != std::sregex_iterator(); ++it) {
+    ++files;
+    EXPECT_EQ((*it)[1].str().rfind(root + "/logs/", 0), 0u) << "not absolute under the log dir: " << (*it)[1];
+  }
+  EXPECT_EQ(files, 2) << describe(r);
+  EXPECT_NE(r.err.find("worker logs and error files in " + root + "/logs/"), std::string::npos) << describe(r);
+}
+
+// Note [Progress lines], on a console that is not a terminal (the test's pipe) and in
+// a log.
+TEST(Launcher, CarriageReturnsNeitherRepeatNorLoseOutput) {
+  auto plain = cohort::testing::run_process(cohort_run(1, {"progress"}), 60s);
+  ASSERT_EQ(plain.exit_code, 0) << describe(plain);
+  EXPECT_EQ(count(plain.out, "[rank0]: crlf line\n"), 1) << describe(plain);
+  EXPECT_EQ(count(plain.out, "[rank0]: 100%\n"), 1) << describe(plain);
+  TempDir dir("cohort-progress");
+  auto redirected =
+      cohort::testing::run_process(cohort_run(1, {"progress"}, {"--log-dir", dir.path, "--redirects", "1"}), 60s);
+  ASSERT_EQ(redirected.exit_code, 0) << describe(redirected);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(redirected.err, m, std::regex("worker logs and error files in (\\S+)")))
+      << describe(redirected);
+  std::ifstream log(std::string(m[1]) + "/attempt_0/0/stdout.log");
+  std::stringstream text;
+  text << log.rdbuf();
+  EXPECT_EQ(text.str(), "crlf line\n100%\n");
+}
+
+// A log folder on a full disk: a 16 KiB tmpfs in a mount namespace of the launcher's
+// own (root only), so that nothing outside the test sees it.
+TEST(Launcher, AFullLogDiskIsReportedOnce) {
+  if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) GTEST_SKIP() << "needs root and unshare(1)";
+  TempDir dir("cohort-full");
+  std::vector<std::string> argv{"/usr/bin/unshare", "-m", "/bin/sh", "-c",
+                                "mount -t tmpfs -o size=16k cohort-full \"$0\" || exit 99; exec \"$@\"", dir.path};
+  auto launch = cohort_run(2, {"flood"}, {"--log-dir", dir.path, "--redirects", "1"});
+  argv.insert(argv.end(), launch.begin(), launch.end());
+  auto r = cohort::testing::run_process(argv, 60s);
+  if (r.exit_code == 99) GTEST_SKIP() << "cannot mount a tmpfs here: " << r.err;
+  EXPECT_EQ(r.exit_code, 0) << "a full log disk must not fail the job\n" << describe(r);
+  EXPECT_EQ(count(r.err, "could not write the worker log " + dir.path), 1) << describe(r);
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << describe(r);
+  EXPECT_EQ(count(r.err, "cohort run: error:"), 1) << describe(r);
 }
 
 }  // namespace

@@ -9,17 +9,31 @@
 //   sleep             prints "ready pid=<pid>" and waits to be signalled
 //   env               prints the launcher's environment contract
 //   chatter           every rank prints 200 numbered lines as fast as it can
+//   flood             every rank prints 4000 lines of 64 characters
+//   progress          prints a CRLF line, then a progress line ended by '\r' only
+//   fds               prints the descriptors it inherited: "fds: 0 1 2"
+//   late_store [S]    node 0's workers set a key in the job's store and exit; node 1's
+//                     wait S seconds (default 4), then read the key from the store and
+//                     print "late store ok at_ms=<wall clock>" (or "FAILED (why)", exit 1)
+//   sleep_node K      node K's workers print "ready pid=<pid>" and wait to be signalled;
+//                     the other nodes' exit at once
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "cohort/comm/world.h"
+#include "cohort/compat/c10d.h"
 #include "cohort/elastic/error_file.h"
 #include "cohort/errors.h"
 
@@ -101,13 +115,62 @@ int subgroups(const World& world) {
   return 0;
 }
 
+void print_fds() {
+  DIR* dir = opendir("/proc/self/fd");
+  expect(dir != nullptr, "opendir /proc/self/fd");
+  std::vector<int> fds;
+  while (dirent* e = readdir(dir))
+    if (e->d_name[0] != '.' && std::atoi(e->d_name) != dirfd(dir)) fds.push_back(std::atoi(e->d_name));
+  closedir(dir);
+  std::sort(fds.begin(), fds.end());
+  std::cout << "fds:";
+  for (int fd : fds) std::cout << " " << fd;
+  std::cout << std::endl;
+}
+
+int late_store(const cohort::comm::EnvMap& env, int delay_s) {
+  const auto host = env.at("MASTER_ADDR");
+  const auto port = static_cast<std::uint16_t>(std::stoi(env.at("MASTER_PORT")));
+  const std::string key = "late_store/hello";
+  if (env.at("GROUP_RANK") == "0") {
+    auto store = cohort::compat::make_tcp_store(host, port, false, std::chrono::seconds(10));
+    store->set(key, std::vector<uint8_t>{'h', 'i'});
+    std::cout << "late store set" << std::endl;
+    return 0;
+  }
+  // A deliberate gap, so that node 0's workers are long gone when this one reads.
+  std::this_thread::sleep_for(std::chrono::seconds(delay_s));
+  std::string outcome = "ok";
+  try {
+    auto store = cohort::compat::make_tcp_store(host, port, false, std::chrono::seconds(5));
+    store->wait({key}, std::chrono::seconds(5));
+    expect(store->get(key) == std::vector<uint8_t>{'h', 'i'}, "the key node 0's worker set");
+  } catch (const std::exception& e) {
+    outcome = std::string("FAILED (") + e.what() + ")";
+  }
+  // The last thing this worker does, so that the test can order node 0's exit after it.
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  std::cout << "late store " << outcome << " at_ms=" << now.count() << std::endl;
+  return outcome == "ok" ? 0 : 1;
+}
+
+void write_raw(const std::string& text) {
+  expect(::write(STDOUT_FILENO, text.data(), text.size()) == static_cast<ssize_t>(text.size()), "write");
+}
+
 int run(int argc, char** argv) {
   std::string scenario = argc > 1 ? argv[1] : "";
   int target = argc > 2 ? std::atoi(argv[2]) : -1;
   auto env = cohort::comm::process_environment();
   auto info = cohort::comm::world_info_from(env);
 
-  if (scenario == "sleep") {
+  if (scenario == "fds") {
+    print_fds();
+    return 0;
+  }
+  if (scenario == "sleep_node" && env.at("GROUP_RANK") != std::to_string(target)) return 0;
+  if (scenario == "sleep" || scenario == "sleep_node") {
     std::cout << "ready pid=" << getpid() << std::endl;
     wait_forever();
   }
@@ -115,7 +178,9 @@ int run(int argc, char** argv) {
     for (const char* name : {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
                              "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                              "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-                             "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS"}) {
+                             "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS",
+                             "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "COHORT_AGENT_STORE",
+                             "COHORT_STORE_PREFIX", "COHORT_RDZV_TOKEN", "COHORT_CONSOLE_TTY"}) {
       auto it = env.find(name);
       std::cout << name << "=" << (it == env.end() ? "<unset>" : it->second) << std::endl;
     }
@@ -125,6 +190,19 @@ int run(int argc, char** argv) {
     for (int i = 0; i < 200; ++i) std::cout << "line " << i << " from rank " << info.rank << " end" << std::endl;
     return 0;
   }
+  if (scenario == "flood") {
+    const std::string filler(40, 'x');
+    for (int i = 0; i < 4000; ++i) std::cout << "flood " << i << " rank " << info.rank << " " << filler << "\n";
+    std::cout << std::flush;
+    return 0;
+  }
+  if (scenario == "progress") {
+    write_raw("crlf line\r\n");
+    write_raw("50%\r");
+    write_raw("100%\r");
+    return 0;
+  }
+  if (scenario == "late_store") return late_store(env, target > 0 ? target : 4);
   if (scenario == "absent" && info.rank == target) wait_forever();
 
   auto world = World::init();

@@ -15,6 +15,7 @@
 #include "cohort/launcher/elastic_agent.h"
 #include "cohort/launcher/failure.h"
 #include "cohort/launcher/static_rendezvous.h"
+#include "cohort/launcher/worker_env.h"
 #include "cohort/launcher/worker_group.h"
 #include "cohort/util/host.h"
 #include "cohort/util/parse.h"
@@ -81,6 +82,9 @@ class RunDirectory {
     } else {
       path_ = fs::temp_directory_path() / ("cohort-run-" + run_id + "-" + random_id());
     }
+    // Workers may change directory before they write TORCHELASTIC_ERROR_FILE, and the
+    // launcher's messages name the folder: both need the absolute path.
+    if (!ec) path_ = fs::absolute(path_, ec);
     if (!ec) fs::create_directories(path_, ec);
     if (ec)
       throw UsageError(fmt::format("--log-dir {}: cannot create {}: {}; give a writable directory",
@@ -122,13 +126,15 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   const Assignment assignment = rendezvous.assign(nproc);
 
   install_signal_handlers();
+  // Note [Variables the launcher owns]: none of an outer job's store may leak in.
+  const comm::EnvMap worker_base = without_launcher_variables(env);
   // Workers reach the store the way node 0's agent reaches it: loopback when one node.
   AttemptContext context{options.max_nodes == 1 ? std::string("127.0.0.1") : options.master_addr, rendezvous.port(), 0,
                          run_id};
   int exit_code = 1;
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
-    WorkerGroup running(options, env, program, assignment, nproc, context, dir.attempt(attempt), g_signal_pipe[0]);
+    WorkerGroup running(options, worker_base, program, assignment, nproc, context, dir.attempt(attempt), g_signal_pipe[0]);
     auto result = running.monitor();
     if (result.success) {
       exit_code = 0;
@@ -147,7 +153,11 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     }
     fmt::print(stderr, "cohort run: restarting every worker (restart {} of {})\n", attempt + 1, options.max_restarts);
   }
-  rendezvous.finish(g_signal_pipe[0]);
+  if (int sig = rendezvous.finish(g_signal_pipe[0])) {
+    fmt::print(stderr, "cohort run: stopped by signal {} while waiting for the other nodes to finish\n",
+               sigabbrev_np(sig) ? sigabbrev_np(sig) : "?");
+    return 128 + sig;
+  }
   return exit_code;
 }
 

@@ -2,10 +2,14 @@
 
 namespace cohort::launcher {
 
-void LineSplitter::feed(const char* data, std::size_t size, const Emit& emit, const Emit& status) {
+void LineSplitter::feed(const char* data, std::size_t size, const Emit& emit, const Emit& status,
+                        const Emit& done) {
   for (std::size_t i = 0; i < size; ++i) {
     if (data[i] == '\n') {
-      emit(pending_.empty() && after_status_ ? last_status_ : pending_);
+      if (pending_.empty() && after_status_)
+        (done ? done : emit)(last_status_);
+      else
+        emit(pending_);
       pending_.clear();
       after_status_ = false;
       continue;
@@ -28,9 +32,13 @@ void LineSplitter::feed(const char* data, std::size_t size, const Emit& emit, co
   }
 }
 
-void LineSplitter::finish(const Emit& emit) {
-  if (!pending_.empty()) emit(pending_);
+void LineSplitter::finish(const Emit& emit, const Emit& done) {
+  if (!pending_.empty())
+    emit(pending_);
+  else if (after_status_)
+    (done ? done : emit)(last_status_);
   pending_.clear();
+  after_status_ = false;
 }
 
 }  // namespace cohort::launcher

@@ -16,11 +16,14 @@ class LineSplitter {
   // With `status`, a carriage return ends a status segment (a progress line that a
   // terminal redraws in place), passed to `status` without the '\r'; empty segments
   // are dropped. A '\n' right after a status ("...\r\n", or a progress line that is
-  // done) emits that status again as a whole line, so it stays on the console and
-  // reaches the log. Without `status`, '\r' is an ordinary character.
-  void feed(const char* data, std::size_t size, const Emit& emit, const Emit& status = nullptr);
-  // End of stream: emits a last line that had no newline.
-  void finish(const Emit& emit);
+  // done) finishes that status: it is passed to `done`, or when there is no `done`
+  // emitted again as a whole line, so it stays on the console and reaches the log.
+  // Without `status`, '\r' is an ordinary character.
+  void feed(const char* data, std::size_t size, const Emit& emit, const Emit& status = nullptr,
+            const Emit& done = nullptr);
+  // End of stream: emits a last line that had no newline, or finishes a last status
+  // segment (to `done`, else to `emit`), so that text ended by '\r' is not lost.
+  void finish(const Emit& emit, const Emit& done = nullptr);
 
  private:
   std::string pending_;

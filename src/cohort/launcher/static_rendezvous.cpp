@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +34,16 @@ void wait_for_nodes(c10d::Store& store, const std::string& what, int nodes, std:
 }
 
 }  // namespace
+
+int take_stop_signal(int signal_fd) {
+  unsigned char sigs[64];
+  int stop = 0;
+  ssize_t n;
+  while ((n = read(signal_fd, sigs, sizeof sigs)) > 0)
+    for (ssize_t i = 0; i < n; ++i)
+      if (sigs[i] != SIGCHLD && stop == 0) stop = sigs[i];
+  return stop;
+}
 
 Assignment assign_ranks(const std::vector<int>& local_world_sizes, int node_rank) {
   Assignment a;
@@ -108,13 +119,24 @@ Assignment StaticRendezvous::assign(int local_world_size) {
   return assign_ranks(sizes, options_.node_rank);
 }
 
-void StaticRendezvous::finish(int signal_fd) {
-  if (options_.max_nodes == 1) return;
+// Note [Static exit barrier]
+// Node 0's store must outlive every worker of the job (a worker may reach it until
+// it exits), so node 0's agent waits for every node's "done" key before it exits,
+// and the other agents post theirs once their workers are gone. The wait is bounded
+// by --join-timeout and ends early on SIGINT, SIGTERM or SIGHUP. The launcher's
+// self-pipe also carries a byte per SIGCHLD, and the last worker's is usually still
+// unread here: such bytes are drained and ignored, never taken for a stop request.
+int StaticRendezvous::finish(int signal_fd) {
+  if (options_.max_nodes == 1) return 0;
   try {
     store_->set(fmt::format("cohort/static/done/{}", options_.node_rank), util::to_bytes("1"));
-    if (options_.node_rank != 0) return;
+    if (options_.node_rank != 0) return 0;
     std::vector<std::string> keys;
     for (int n = 0; n < options_.max_nodes; ++n) keys.push_back(fmt::format("cohort/static/done/{}", n));
+    if (store_->check(keys)) return 0;
+    fmt::print(stderr, "cohort run: this node's workers are done; node 0 hosts the store, so it waits up to {:.0f} s "
+                       "for the other nodes' workers to finish\n",
+               std::chrono::duration<double>(timeout_).count());
     // Polled rather than store->wait(), so that a signal to the launcher is seen.
     auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (!store_->check(keys)) {
@@ -122,15 +144,17 @@ void StaticRendezvous::finish(int signal_fd) {
         fmt::print(stderr, "cohort run: gave up after {:.0f} s waiting for the other nodes to finish; their workers "
                            "lose the store now\n",
                    std::chrono::duration<double>(timeout_).count());
-        return;
+        return 0;
       }
       pollfd p{signal_fd, POLLIN, 0};
-      if (poll(&p, 1, 200) > 0) return;  // a signal: the user wants out
+      if (poll(&p, 1, 200) > 0)
+        if (int sig = take_stop_signal(signal_fd)) return sig;  // the user wants out
     }
   } catch (const std::exception& e) {
     // The job's outcome is already decided; report and move on.
     fmt::print(stderr, "cohort run: while waiting for the other nodes to finish: {}\n", e.what());
   }
+  return 0;
 }
 
 }  // namespace cohort::launcher

@@ -25,6 +25,11 @@ Assignment assign_ranks(const std::vector<int>& local_world_sizes, int node_rank
 // Fails with UsageError when `port` is taken on this host (0 is always free).
 void check_port_free(int port);
 
+// Reads every byte waiting on the launcher's non-blocking signal self-pipe (one byte
+// per signal) and returns the first that asks the launcher to stop, or 0: SIGCHLD
+// bytes only say that a worker exited.
+int take_stop_signal(int signal_fd);
+
 class StaticRendezvous {
  public:
   // Hosts the store (node 0) or connects to it (others). Throws UsageError for a
@@ -35,9 +40,10 @@ class StaticRendezvous {
   // names the node ranks that never arrived.
   Assignment assign(int local_world_size);
   // Called when this node's workers are done. Node 0 waits until every node is done,
-  // because its store must outlive every worker: bounded by the timeout, and cut
-  // short by a signal arriving on `signal_fd` (the launcher's self-pipe).
-  void finish(int signal_fd);
+  // because its store must outlive every worker (Note [Static exit barrier]): bounded by the
+  // timeout, and cut short by SIGINT, SIGTERM or SIGHUP arriving on `signal_fd` (the
+  // launcher's self-pipe). Returns that signal, or 0.
+  int finish(int signal_fd);
 
   // The other nodes' --nnodes must match ours; node 0's is published in assign().
   const std::string& address() const { return address_; }

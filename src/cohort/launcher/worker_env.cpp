@@ -1,6 +1,34 @@
 #include "cohort/launcher/worker_env.h"
 
 namespace cohort::launcher {
+namespace {
+
+// Note [NCCL async error handling]
+// torchrun turns on NCCL's asynchronous error handling unless the user chose: 1.13
+// reads NCCL_ASYNC_ERROR_HANDLING, 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING first and
+// the old name after it. A worker may run either LibTorch, so both are set: to "1"
+// when neither is set, and to the user's value when only one is (so that 2.x does not
+// find our "1" under the new name before the user's choice under the old one).
+void set_nccl_async_error_handling(comm::EnvMap& env) {
+  static constexpr const char* kNew = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+  static constexpr const char* kOld = "NCCL_ASYNC_ERROR_HANDLING";
+  const auto fresh = env.find(kNew), old = env.find(kOld);
+  if (fresh == env.end() && old == env.end()) {
+    env[kNew] = env[kOld] = "1";
+  } else if (fresh == env.end()) {
+    env[kNew] = old->second;
+  } else if (old == env.end()) {
+    env[kOld] = fresh->second;
+  }
+}
+
+}  // namespace
+
+comm::EnvMap without_launcher_variables(const comm::EnvMap& env) {
+  comm::EnvMap out = env;
+  for (const char* name : kLauncherOwnedVariables) out.erase(name);
+  return out;
+}
 
 comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& options, const WorkerSlot& slot,
                                 const AttemptContext& attempt, const std::string& error_file) {
@@ -24,7 +52,7 @@ comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& opti
   set("TORCHELASTIC_RUN_ID", attempt.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", error_file);
-  if (env.find("TORCH_NCCL_ASYNC_ERROR_HANDLING") == env.end()) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  set_nccl_async_error_handling(env);
   // Several workers each spawning a thread per core would oversubscribe the host.
   auto omp = env.find("OMP_NUM_THREADS");
   if (slot.local_world_size > 1 && (omp == env.end() || omp->second.empty())) set("OMP_NUM_THREADS", "1");

@@ -26,6 +26,20 @@ struct AttemptContext {
   std::string run_id;
 };
 
+// Note [Variables the launcher owns]
+// Beyond the torchrun contract (every variable of which worker_environment sets),
+// cohort's launcher tells its workers how to reach its store through variables
+// that only it may set. A launcher started inside a worker (a nested `cohort run`)
+// inherits them from the outer job, and its workers would follow them to the outer
+// job's store and hang; so each mode clears those it does not set itself. The elastic
+// agent sets the store's three; the static one clears them. COHORT_CONSOLE_TTY is
+// set or cleared per worker (Note [Progress lines]).
+inline constexpr const char* kLauncherOwnedVariables[] = {"COHORT_AGENT_STORE", "COHORT_STORE_PREFIX",
+                                                         "COHORT_RDZV_TOKEN", "COHORT_CONSOLE_TTY"};
+
+// `env` without kLauncherOwnedVariables: the base of a static job's workers.
+comm::EnvMap without_launcher_variables(const comm::EnvMap& env);
+
 // `base` is the launcher's own environment; the result is base plus the contract.
 comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& options, const WorkerSlot& slot,
                                 const AttemptContext& attempt, const std::string& error_file);

@@ -1,6 +1,5 @@
 #include "cohort/launcher/worker_group.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
@@ -31,8 +30,6 @@ bool is_stopped(pid_t pid) {
   return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
 }
 
-int open_log(const fs::path& path) { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); }
-
 }  // namespace
 
 WorkerGroup::WorkerGroup(const RunOptions& options, const comm::EnvMap& env, const std::string& program,
@@ -61,9 +58,11 @@ void WorkerGroup::spawn_all(const comm::EnvMap& env, const std::string& program,
     auto worker_env = worker_environment(env, options_, slot, context, error_file);
     // The worker's stdout is a pipe; tell it when what it prints lands on a terminal
     // (Note [Progress lines]).
-    if (console_is_tty(STDOUT_FILENO) && shown_on_console(options_.redirects.stdout_for(local), slot)) {
+    // An outer job's value must not leak in (Note [Variables the launcher owns]).
+    if (console_is_tty(STDOUT_FILENO) && shown_on_console(options_.redirects.stdout_for(local), slot))
       worker_env["COHORT_CONSOLE_TTY"] = "1";
-    }
+    else
+      worker_env.erase("COHORT_CONSOLE_TTY");
     auto proc = WorkerProcess::spawn({program, options_.program_args, worker_env});
     Worker w{proc, {}, false};
     w.outcome.slot = slot;
@@ -89,7 +88,7 @@ void WorkerGroup::route(int source, int console, bool redirected, bool teed, con
   r.source_fd = source;
   r.console_fd = shown_on_console(redirected, slot) ? console : -1;
   r.console_is_tty = console_is_tty(console);
-  r.log_fd = (redirected || teed) ? open_log(log) : -1;
+  if (redirected || teed) r.log_path = log.string();  // the router creates it
   r.prefix = fmt::format("[rank{}]: ", slot.rank);
   router_.add(r);
 }

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,7 +20,33 @@ void make_pipe(int fds[2]) {
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("cohort run: pipe: ") + std::strerror(errno));
 }
 
-// Only async-signal-safe calls between fork and exec.
+#ifndef SYS_close_range
+#define SYS_close_range 436  // the same number on every architecture
+#endif
+
+// Note [Closing descriptors]
+// A worker inherits no descriptor but stdin, stdout and stderr, as under torchrun
+// (close_fds): LibTorch's TCPStore opens pipes without close-on-exec, and a worker
+// holding them keeps the launcher's store plumbing alive. Between fork and exec,
+// everything above 2 is closed except `keep` (the exec status pipe, which closes
+// itself at exec): with close_range (Linux 5.9), else one close() per descriptor up
+// to the descriptor limit. Both are async-signal-safe.
+void close_inherited_fds(int keep) {
+  rlimit limit{};
+  int top = 65535;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur <= (1u << 30))
+    top = static_cast<int>(limit.rlim_cur) - 1;
+  auto close_from = [top](int first, int last) {  // last < 0: every descriptor from first on
+    if (first > last && last >= 0) return;
+    const unsigned to = last < 0 ? ~0u : static_cast<unsigned>(last);
+    if (syscall(SYS_close_range, static_cast<unsigned>(first), to, 0u) == 0) return;
+    for (int fd = first; fd <= (last < 0 ? top : last); ++fd) close(fd);
+  };
+  if (keep < 3) return close_from(3, -1);
+  close_from(3, keep - 1);
+  close_from(keep + 1, -1);
+}
+
 [[noreturn]] void exec_child(pid_t parent, int out_w, int err_w, int status_w, char* const* argv, char* const* envp) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -33,6 +61,7 @@ void make_pipe(int fds[2]) {
   dup2(err_w, STDERR_FILENO);
   int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull >= 0) dup2(devnull, STDIN_FILENO);  // dup2 clears CLOEXEC on fd 0 only
+  close_inherited_fds(status_w);  // Note [Closing descriptors]
   execve(argv[0], argv, envp);
   int err = errno;
   ssize_t ignored = write(status_w, &err, sizeof err);

@@ -1,6 +1,7 @@
 #pragma once
 // One worker as an operating-system process: spawned in its own process group with
-// its stdout and stderr on pipes, and tied to the launcher's life.
+// its stdout and stderr on pipes, stdin on /dev/null and no other descriptor (Note
+// [Closing descriptors] in worker_process.cpp), and tied to the launcher's life.
 //
 // Note [No orphans]
 // Each worker asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG),
