@@ -39,6 +39,16 @@ TEST(WorkerEnv, SetsTheTorchrunContract) {
   EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
 }
 
+// An elastic job's limit is the one in its rendezvous record, not the agent's flag.
+TEST(WorkerEnv, TheJobsRestartLimitOutranksTheAgentsFlag) {
+  RunOptions o;
+  o.max_restarts = 5;
+  WorkerSlot slot{0, 0, 1, 1, 0, 1};
+  AttemptContext ctx{"127.0.0.1", 29400, 0, "job"};
+  ctx.max_restarts = 1;
+  EXPECT_EQ(worker_environment({}, o, slot, ctx, "/tmp/e.json")["TORCHELASTIC_MAX_RESTARTS"], "1");
+}
+
 TEST(WorkerEnv, KeepsTheUsersThreadCountAndOneWorkerAlone) {
   RunOptions o;
   WorkerSlot many{0, 0, 2, 2, 0, 1};
