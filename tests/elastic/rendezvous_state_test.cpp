@@ -17,7 +17,7 @@ const Millis kFar = Millis(1'000'000'000);  // a join deadline nobody reaches
 JoinAction join(RendezvousState& s, const std::string& node, Millis now, const RendezvousSettings& settings,
                 Millis deadline = kFar) {
   for (int i = 0; i < 10; ++i) {
-    const auto action = next_join_action(s, node, now, deadline, settings);
+    const auto action = next_join_action(s, node, now, now >= deadline, settings);
     if (action == JoinAction::kWait || action == JoinAction::kFinish || action == JoinAction::kErrorTimeout ||
         action == JoinAction::kErrorClosed) {
       return action;
@@ -70,7 +70,7 @@ TEST(RendezvousState, TooFewNodesTimeOutAndLeaveNoTrace) {
   EXPECT_EQ(join(s, "a", Millis(1'000), settings, Millis(1'000)), JoinAction::kRemoveSelf);
   EXPECT_TRUE(s.participants.empty());
   EXPECT_TRUE(s.heartbeats.empty());
-  EXPECT_EQ(next_join_action(s, "a", Millis(1'000), Millis(1'000), settings), JoinAction::kErrorTimeout);
+  EXPECT_EQ(next_join_action(s, "a", Millis(1'000), /*join_expired=*/true, settings), JoinAction::kErrorTimeout);
 }
 
 TEST(RendezvousState, LateNodeWaitsThenJoinsTheNextRound) {
@@ -112,15 +112,71 @@ TEST(RendezvousState, DeadNodesAreDroppedAndTheRoundGoesOn) {
   join(s, "a", Millis(0), settings);
   join(s, "b", Millis(0), settings);
   ASSERT_TRUE(s.complete);
-  heartbeat(s, "a", Millis(14'000));
-  EXPECT_TRUE(drop_dead_nodes(s, Millis(15'000), settings).empty());  // exactly at the bound: alive
-  const auto dead = drop_dead_nodes(s, Millis(15'001), settings);
+  // a's watch, on a's own monotonic clock; a beats, b has gone silent.
+  HeartbeatWatch watch;
+  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(100'000), settings).empty());
+  heartbeat(s, "a");
+  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(114'000), settings).empty());
+  heartbeat(s, "a");
+  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(115'000), settings).empty());  // exactly at the bound: alive
+  const auto dead = drop_dead_nodes(s, watch, Millis(115'001), settings);
   EXPECT_EQ(dead, (std::vector<std::string>{"b"}));
   EXPECT_EQ(s.participants.count("b"), 0u);
   EXPECT_TRUE(s.complete);  // a still runs; it restarts when its workers fail
   leave(s, "a", settings);
   EXPECT_EQ(s.round, 1);
   EXPECT_EQ(join(s, "a", Millis(16'000), settings), JoinAction::kWait);  // MIN 1: last call
+}
+
+// Note [Heartbeats without clocks]: a heartbeat is a number, aged on the observer's
+// own monotonic clock, so neither hosts' clocks nor a step of one can drop a live node.
+TEST(HeartbeatWatch, ALiveNodeIsNeverDroppedWhateverTheWallClocksSay) {
+  RendezvousSettings settings = RendezvousSettings(2, 2).keep_alive_interval(seconds(1)).keep_alive_max_missed(3);
+  RendezvousState s;
+  // b's wall clock is 30 s ahead of a's; the last call and the round do not care.
+  join(s, "a", Millis(1'000'000), settings);
+  join(s, "b", Millis(1'030'000), settings);
+  ASSERT_TRUE(s.complete);
+  HeartbeatWatch watch;  // a's
+  for (int t = 0; t < 60; ++t) {
+    heartbeat(s, "b");
+    heartbeat(s, "a");
+    EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(5'000 + t * 1'000), settings).empty()) << "at " << t << " s";
+  }
+  EXPECT_EQ(s.participants.size(), 2u);
+  // What a beat holds is a number from the record's own sequence, never a time.
+  EXPECT_EQ(s.heartbeats.at("a"), s.beats);
+  EXPECT_LT(s.heartbeats.at("b"), s.beats);
+}
+
+TEST(HeartbeatWatch, SilenceIsTimedFromWhenThisObserverLastSawABeatChange) {
+  const Millis bound(3'000);
+  RendezvousState s;
+  s.participants = {{"a", 0}, {"b", 1}};
+  heartbeat(s, "a");
+  heartbeat(s, "b");
+  HeartbeatWatch watch;
+  watch.observe(s, Millis(50'000));  // first look: everyone gets a full bound from now
+  EXPECT_TRUE(watch.silent(Millis(53'000), bound).empty());
+  heartbeat(s, "a");
+  watch.observe(s, Millis(52'000));
+  EXPECT_EQ(watch.silent(Millis(53'001), bound), (std::vector<std::string>{"b"}));
+  EXPECT_TRUE(watch.silent(Millis(55'000), bound).size() == 1u) << "a beat at 52 s: alive until 55 s";
+  EXPECT_EQ(watch.silent(Millis(55'001), bound), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(HeartbeatWatch, ANodeThatLeftAndCameBackIsNew) {
+  RendezvousSettings settings = RendezvousSettings(1, 2).keep_alive_interval(seconds(1)).keep_alive_max_missed(2);
+  RendezvousState s;
+  join(s, "a", Millis(0), settings);
+  HeartbeatWatch watch;
+  watch.observe(s, Millis(0));
+  const auto first = s.heartbeats.at("a");
+  leave(s, "a", settings);
+  EXPECT_TRUE(s.heartbeats.empty());
+  join(s, "a", Millis(10'000), settings);
+  EXPECT_NE(s.heartbeats.at("a"), first) << "beat numbers are never reused";
+  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(10'000), settings).empty()) << "its new beat was seen now";
 }
 
 TEST(RendezvousState, ADepartureBelowMinCancelsTheLastCall) {
@@ -139,8 +195,8 @@ TEST(RendezvousState, AClosedRendezvousRefusesEveryone) {
   RendezvousState s;
   join(s, "a", Millis(0), settings);
   s.closed = true;
-  EXPECT_EQ(next_join_action(s, "a", Millis(1), kFar, settings), JoinAction::kErrorClosed);
-  EXPECT_EQ(next_join_action(s, "z", Millis(1), kFar, settings), JoinAction::kErrorClosed);
+  EXPECT_EQ(next_join_action(s, "a", Millis(1), false, settings), JoinAction::kErrorClosed);
+  EXPECT_EQ(next_join_action(s, "z", Millis(1), false, settings), JoinAction::kErrorClosed);
 }
 
 TEST(RendezvousState, AFailedRoundCountsOnceAndTheCountSurvivesRejoining) {
@@ -184,6 +240,22 @@ TEST(RendezvousState, TheRestartLimitIsTheFirstAgentsForTheWholeJob) {
   EXPECT_FALSE(count_failure(s, 1)) << "the job's limit of 1 holds against an agent's 5";
   EXPECT_EQ(s.restarts, 1);
   EXPECT_EQ(decode(encode(s)).max_restarts, 1);
+}
+
+// Note [Rendezvous rounds]: the job's --nnodes, like its --max-restarts, is the
+// first agent's; the caller refuses an agent with another.
+TEST(RendezvousState, TheNodeRangeIsTheFirstAgentsForTheWholeJob) {
+  RendezvousState s;
+  EXPECT_EQ(adopt_nnodes(s, 1, 2), std::make_pair(1, 2));
+  EXPECT_EQ(adopt_nnodes(s, 2, 2), std::make_pair(1, 2)) << "a later agent finds the job's range";
+  EXPECT_EQ(adopt_nnodes(s, 1, 3), std::make_pair(1, 2));
+  EXPECT_EQ(s.min_nodes, 1);
+  EXPECT_EQ(s.max_nodes, 2);
+  const auto back = decode(encode(s));
+  EXPECT_EQ(back.min_nodes, 1);
+  EXPECT_EQ(back.max_nodes, 2);
+  EXPECT_EQ(nnodes_text(2, 2), "2");
+  EXPECT_EQ(nnodes_text(1, 4), "1:4");
 }
 
 TEST(RendezvousState, RecordRoundTripsAndRejectsStrangers) {

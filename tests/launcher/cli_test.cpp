@@ -9,9 +9,9 @@ using cohort::launcher::parse_run_command;
 using cohort::launcher::RunOptions;
 using cohort::launcher::UsageError;
 
-RunOptions parse(std::vector<std::string> args) {
+RunOptions parse(std::vector<std::string> args, const cohort::comm::EnvMap& env = {}) {
   std::ostringstream help;
-  auto o = parse_run_command(args, help);
+  auto o = parse_run_command(args, help, env);
   EXPECT_TRUE(o.has_value());
   return o.value_or(RunOptions{});
 }
@@ -125,6 +125,77 @@ TEST(Cli, BadInputNamesTheFlag) {
   expect_usage_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:99999", "prog"}, "not a TCP port");
   expect_usage_error({"--nnodes", "1:2", "prog"}, "--rdzv-backend c10d");
   expect_usage_error({"--rdzv-endpoint", "h:5", "prog"}, "--rdzv-backend c10d");
+}
+
+// Note [PET variables]: torchrun's environment form of every flag.
+TEST(Cli, PetVariablesSetTheFlagsLeftOff) {
+  const cohort::comm::EnvMap env{{"PET_NPROC_PER_NODE", "4"},
+                                 {"PET_NNODES", "1:3"},
+                                 {"PET_RDZV_BACKEND", "c10d"},
+                                 {"PET_RDZV_ENDPOINT", "node0:29500"},
+                                 {"PET_RDZV_ID", "job7"},
+                                 {"PET_RDZV_CONF", "join_timeout=5"},
+                                 {"PET_MAX_RESTARTS", "3"},
+                                 {"PET_MONITOR_INTERVAL", "0.5"},
+                                 {"PET_ROLE", "trainer"},
+                                 {"PET_LOG_DIR", "/tmp/logs"},
+                                 {"PET_TEE", "3"},
+                                 {"PET_LOCAL_RANKS_FILTER", "0"},
+                                 {"PET_NO_PYTHON", "1"},
+                                 {"PET_START_METHOD", "spawn"}};  // torchrun's, not ours: ignored
+  auto o = parse({"prog", "--nnodes", "9"}, env);
+  EXPECT_EQ(o.nproc_per_node, "4");
+  EXPECT_EQ(o.min_nodes, 1);
+  EXPECT_EQ(o.max_nodes, 3);
+  EXPECT_EQ(o.rdzv_backend, "c10d");
+  EXPECT_EQ(o.rdzv_endpoint, "node0:29500");
+  EXPECT_EQ(o.run_id, "job7");
+  EXPECT_EQ(o.rdzv_conf, "join_timeout=5");
+  EXPECT_EQ(o.max_restarts, 3);
+  EXPECT_EQ(o.monitor_interval, 0.5);
+  EXPECT_EQ(o.role, "trainer");
+  EXPECT_EQ(o.log_dir, "/tmp/logs");
+  EXPECT_TRUE(o.tee.stderr_for(0));
+  EXPECT_EQ(*o.local_ranks_filter, (std::set<int>{0}));
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"--nnodes", "9"})) << "the program's arguments stay its own";
+}
+
+TEST(Cli, FlagsTakePrecedenceOverPetVariables) {
+  const cohort::comm::EnvMap env{{"PET_NPROC_PER_NODE", "4"}, {"PET_MASTER_PORT", "29511"}, {"PET_NNODES", "2"},
+                                 {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "10.0.0.1"}, {"PET_MAX_RESTARTS", ""}};
+  auto o = parse({"--nproc_per_node", "2", "--node-rank=0", "prog"}, env);
+  EXPECT_EQ(o.nproc_per_node, "2");
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.max_nodes, 2);
+  EXPECT_EQ(o.master_port, 29511);
+  EXPECT_EQ(o.master_addr, "10.0.0.1");
+  EXPECT_EQ(o.max_restarts, 0) << "an empty variable counts as unset";
+  auto standalone = parse({"prog"}, {{"PET_STANDALONE", "1"}});
+  EXPECT_TRUE(standalone.standalone);
+  EXPECT_EQ(standalone.rdzv_backend, "c10d");
+  EXPECT_FALSE(parse({"prog"}, {{"PET_STANDALONE", "0"}}).standalone);
+  EXPECT_EQ(parse({"prog"}, {}).nproc_per_node, "1");
+}
+
+void expect_env_error(const cohort::comm::EnvMap& env, const std::vector<std::string>& mentions) {
+  std::ostringstream help;
+  try {
+    parse_run_command({"prog"}, help, env);
+    ADD_FAILURE() << "accepted: " << ::testing::PrintToString(env);
+  } catch (const UsageError& e) {
+    for (const auto& m : mentions) EXPECT_NE(std::string(e.what()).find(m), std::string::npos) << e.what();
+  }
+}
+
+TEST(Cli, BadPetValuesNameTheVariable) {
+  expect_env_error({{"PET_MAX_RESTARTS", "three"}}, {"PET_MAX_RESTARTS=three", "--max-restarts"});
+  expect_env_error({{"PET_MAX_RESTARTS", "-1"}}, {"PET_MAX_RESTARTS=-1", "must be 0 or more"});
+  expect_env_error({{"PET_NNODES", "3:1"}}, {"PET_NNODES=3:1", "MIN 3 is greater than MAX 1"});
+  expect_env_error({{"PET_NPROC_PER_NODE", "0"}}, {"PET_NPROC_PER_NODE=0"});
+  expect_env_error({{"PET_MONITOR_INTERVAL", "soon"}}, {"PET_MONITOR_INTERVAL=soon"});
+  expect_env_error({{"PET_STANDALONE", "maybe"}}, {"PET_STANDALONE=maybe"});
+  expect_env_error({{"PET_RDZV_BACKEND", "etcd"}}, {"PET_RDZV_BACKEND=etcd", "--rdzv-backend etcd"});
+  expect_env_error({{"PET_TEE", "9"}}, {"PET_TEE=9"});
 }
 
 TEST(Cli, ResolveNproc) {

@@ -9,6 +9,7 @@
 #include "cohort/launcher/failure.h"
 #include "cohort/launcher/line_splitter.h"
 #include "cohort/launcher/output_router.h"
+#include "cohort/launcher/signal_pipe.h"
 #include "cohort/launcher/static_rendezvous.h"
 #include "cohort/launcher/worker_env.h"
 
@@ -37,6 +38,16 @@ TEST(WorkerEnv, SetsTheTorchrunContract) {
   EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
   EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"], "/tmp/e.json");
   EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+}
+
+// An elastic job's limit is the one in its rendezvous record, not the agent's flag.
+TEST(WorkerEnv, TheJobsRestartLimitOutranksTheAgentsFlag) {
+  RunOptions o;
+  o.max_restarts = 5;
+  WorkerSlot slot{0, 0, 1, 1, 0, 1};
+  AttemptContext ctx{"127.0.0.1", 29400, 0, "job"};
+  ctx.max_restarts = 1;
+  EXPECT_EQ(worker_environment({}, o, slot, ctx, "/tmp/e.json")["TORCHELASTIC_MAX_RESTARTS"], "1");
 }
 
 TEST(WorkerEnv, KeepsTheUsersThreadCountAndOneWorkerAlone) {
@@ -81,11 +92,11 @@ TEST(SignalPipe, ChildExitsAreNotStopRequests) {
   ASSERT_EQ(::pipe2(fds, O_NONBLOCK), 0);
   const unsigned char exits[] = {SIGCHLD, SIGCHLD};
   ASSERT_EQ(::write(fds[1], exits, sizeof exits), 2);
-  EXPECT_EQ(take_stop_signal(fds[0]), 0);
+  EXPECT_EQ(pending_signal(fds[0]), 0);
   const unsigned char mixed[] = {SIGCHLD, SIGTERM, SIGCHLD, SIGINT};
   ASSERT_EQ(::write(fds[1], mixed, sizeof mixed), 4);
-  EXPECT_EQ(take_stop_signal(fds[0]), SIGTERM);
-  EXPECT_EQ(take_stop_signal(fds[0]), 0) << "every byte is drained";
+  EXPECT_EQ(pending_signal(fds[0]), SIGTERM);
+  EXPECT_EQ(pending_signal(fds[0]), 0) << "every byte is drained";
   ::close(fds[0]);
   ::close(fds[1]);
 }

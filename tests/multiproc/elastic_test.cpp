@@ -483,9 +483,11 @@ TEST(ElasticLauncher, AFailureAfterANodeFinishedEndsTheJobWithItsRootCauseEveryw
 
 // The restart limit is the job's: an agent joining with a larger --max-restarts
 // follows the first agent's, so it cannot buy the job more restarts.
+// Workers see the job's limit as TORCHELASTIC_MAX_RESTARTS, not their agent's flag.
 TEST(ElasticLauncher, ALaterAgentCannotRaiseTheJobsRestartLimit) {
   Job job;
-  const std::string script = "if [ \"$RANK\" = 1 ]; then sleep 1; exit 4; fi; sleep 30";
+  const std::string script =
+      "echo max_restarts=$TORCHELASTIC_MAX_RESTARTS; if [ \"$RANK\" = 1 ]; then sleep 1; exit 4; fi; sleep 30";
   Subprocess first(agent(job, "2", 1, {"--max-restarts", "0"}, {"-c", script}, "/bin/sh"), kEnv);
   ASSERT_TRUE(wait_until({&first}, [&] { return contains(first.err(), "hosts the rendezvous store"); }, 30s))
       << first.err();
@@ -498,6 +500,8 @@ TEST(ElasticLauncher, ALaterAgentCannotRaiseTheJobsRestartLimit) {
     EXPECT_TRUE(contains(r->err, "exit code 4")) << r->err;
     EXPECT_TRUE(contains(r->err, "no restarts left")) << r->err;
     EXPECT_FALSE(contains(r->err, "round 1")) << r->err;
+    EXPECT_TRUE(contains(r->out, "max_restarts=0")) << r->out;
+    EXPECT_FALSE(contains(r->out, "max_restarts=5")) << r->out;
   }
 }
 
@@ -519,4 +523,145 @@ TEST(ElasticLauncher, WorkersExitingZeroOnAStopStillRestartForTheNewRound) {
   EXPECT_TRUE(contains(a.err, "round 1: node")) << a.err;
   EXPECT_TRUE(contains(a.out + b.out, "world 2")) << a.out << b.out;
   EXPECT_LT(a.seconds, 40);
+}
+
+// Note [Restart pacing]: a program that fails at once is restarted after growing
+// pauses (0.1 s, then 1 s, 2 s, ...), under both rendezvous, rather than as fast as
+// it can fail.
+TEST(RestartPacing, ACrashLoopIsPacedWithGrowingPauses) {
+  for (const bool elastic : {false, true}) {
+    std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--max-restarts", "3", "--monitor-interval", "0.1"};
+    if (elastic) argv.push_back("--standalone");
+    argv.push_back("/bin/false");
+    auto r = cohort::testing::run_process(argv, 60s, kEnv);
+    EXPECT_EQ(r.exit_code, 1) << describe(r);
+    // Three restarts: at least 0.1 + 1 + 2 s of pauses.
+    EXPECT_GE(r.seconds, 3.1) << (elastic ? "elastic: " : "static: ") << describe(r);
+    EXPECT_TRUE(contains(r.err, "failed 3 times in a row within 10 s of starting; waiting 2.0 s")) << r.err;
+  }
+}
+
+// Ctrl-C during a pause between restarts ends the launcher at once, with 130.
+TEST(RestartPacing, ASignalDuringThePauseEndsTheLauncherAtOnce) {
+  for (const bool elastic : {false, true}) {
+    std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--max-restarts", "10", "--monitor-interval", "0.1"};
+    if (elastic) argv.push_back("--standalone");
+    argv.push_back("/bin/false");
+    Subprocess run(argv, kEnv);
+    // The fourth quick failure in a row pauses 4 s.
+    ASSERT_TRUE(wait_until({&run}, [&] { return contains(run.err(), "waiting 4.0 s"); }, 30s)) << run.err();
+    const auto signalled_at = std::chrono::steady_clock::now();
+    ::kill(run.pid(), SIGINT);
+    auto done = run.finish(30s);
+    const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled_at).count();
+    EXPECT_EQ(done.exit_code, 130) << describe(done);
+    EXPECT_LT(after, 2.0) << (elastic ? "elastic: " : "static: ") << "took " << after << " s after SIGINT";
+    EXPECT_FALSE(contains(done.err, "restart 5 of 10")) << done.err;
+  }
+}
+
+namespace {
+
+// A worker that waits (at most 60 s) for `go` to exist, then runs `then`: the test
+// decides when.
+std::string when_file_exists(const std::string& go, const std::string& then) {
+  return "for i in $(seq 1200); do [ -e '" + go + "' ] && break; sleep 0.05; done; " + then;
+}
+
+}  // namespace
+
+// Note [Rendezvous rounds]: an agent started with another --nnodes than the job's is
+// refused (exit 2, naming both), and the running job is unaffected.
+TEST(ElasticLauncher, AnAgentWithAnotherNnodesIsRefusedAndTheJobGoesOn) {
+  TempDir dir("cohort-elastic");
+  const std::string go = dir.path + "/go";
+  Job job;
+  const std::vector<std::string> script{"-c", when_file_exists(go, "echo world $WORLD_SIZE")};
+  Subprocess first(agent(job, "1:2", 1, {}, script, "/bin/sh"), kEnv);
+  ASSERT_TRUE(wait_until({&first}, [&] { return contains(first.err(), "round 0: node 0 of 1"); }, 30s)) << first.err();
+  for (const std::string nnodes : {"2", "1:3"}) {
+    auto stranger = cohort::testing::run_process(agent(job, nnodes, 1, {}, script, "/bin/sh"), 20s, kEnv);
+    EXPECT_EQ(stranger.exit_code, 2) << describe(stranger);
+    EXPECT_TRUE(contains(stranger.err, "--nnodes " + nnodes + ": this job (--rdzv-id " + job.id +
+                                           ") runs with --nnodes 1:2"))
+        << stranger.err;
+    EXPECT_LT(stranger.seconds, 10);
+  }
+  std::ofstream(go).put('\n');
+  auto done = first.finish(60s);
+  ASSERT_EQ(done.exit_code, 0) << describe(done);
+  EXPECT_FALSE(contains(done.err, "membership changed")) << done.err;
+  EXPECT_FALSE(contains(done.err, "round 1")) << done.err;
+  EXPECT_TRUE(contains(done.out, "world 1")) << done.out;
+  expect_no_orphans(job);
+}
+
+// Note [PET variables]: torchrun's PET_* variables configure `cohort run` as they do
+// torchrun (Kubeflow's PyTorchJob sets them); a flag on the command line wins, and
+// a bad value names its variable.
+TEST(ElasticLauncher, PetVariablesConfigureTheAgentAndFlagsTakePrecedence) {
+  Job job;
+  auto env = kEnv;
+  env.insert({{"PET_NNODES", "1"},
+              {"PET_NPROC_PER_NODE", "2"},
+              {"PET_RDZV_BACKEND", "c10d"},
+              {"PET_RDZV_ENDPOINT", "127.0.0.1:" + std::to_string(job.port)},
+              {"PET_RDZV_ID", job.id},
+              {"PET_MAX_RESTARTS", "2"}});
+  const std::vector<std::string> program{"/bin/sh", "-c", "echo world=$WORLD_SIZE max=$TORCHELASTIC_MAX_RESTARTS"};
+  auto argv = std::vector<std::string>{COHORT_CLI_PATH, "run"};
+  auto r = cohort::testing::run_process(with(argv, program), 60s, env);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.err, "hosts the rendezvous store on 127.0.0.1:" + std::to_string(job.port))) << r.err;
+  EXPECT_TRUE(contains(r.err, "round 0: node 0 of 1, ranks 0..1 of 2 (failure restarts so far: 0 of 2;")) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank1]: world=2 max=2")) << r.out;
+
+  Job again;
+  env["PET_RDZV_ENDPOINT"] = "127.0.0.1:" + std::to_string(again.port);
+  env["PET_RDZV_ID"] = again.id;
+  auto flagged = cohort::testing::run_process(with(with(argv, {"--nproc-per-node", "1", "--max-restarts", "0"}), program),
+                                              60s, env);
+  ASSERT_EQ(flagged.exit_code, 0) << describe(flagged);
+  EXPECT_TRUE(contains(flagged.err, "ranks 0..0 of 1 (failure restarts so far: 0 of 0;")) << flagged.err;
+
+  env["PET_NNODES"] = "3:1";
+  auto bad = cohort::testing::run_process(with(argv, program), 30s, env);
+  EXPECT_EQ(bad.exit_code, 2) << describe(bad);
+  EXPECT_TRUE(contains(bad.err, "PET_NNODES=3:1")) << bad.err;
+  EXPECT_LT(bad.seconds, 10);
+}
+
+// The agent hosting the store lingers after the job closed until the other agents
+// have read the outcome (at most close_timeout); Ctrl-C cuts that short, with 130.
+TEST(ElasticLauncher, ASignalToTheStoreHostWhileItLingersEndsItAtOnce) {
+  TempDir dir("cohort-elastic");
+  const std::string go = dir.path + "/go";
+  Job job;
+  // The host's worker fails when told; the other's runs on. No restarts: the job
+  // closes, and the host waits for the other agent, stopped here, to leave.
+  const std::vector<std::string> script{
+      "-c", "if [ -n \"$FAIL_HERE\" ]; then " + when_file_exists(go, "exit 3") + "; fi; sleep 60"};
+  const std::vector<std::string> conf{"--max-restarts", "0", "--rdzv-conf",
+                                      "join_timeout=60,last_call_timeout=1,keep_alive_interval=20,close_timeout=40"};
+  auto host_env = kEnv;
+  host_env["FAIL_HERE"] = "1";
+  Subprocess host(agent(job, "2", 1, conf, script, "/bin/sh"), host_env);
+  ASSERT_TRUE(wait_until({&host}, [&] { return contains(host.err(), "hosts the rendezvous store"); }, 30s))
+      << host.err();
+  Subprocess other(agent(job, "2", 1, conf, script, "/bin/sh"), kEnv);
+  ASSERT_TRUE(wait_until({&host, &other},
+                         [&] { return contains(host.err(), "round 0:") && contains(other.err(), "round 0:"); }, 30s))
+      << host.err() << other.err();
+  ::kill(other.pid(), SIGSTOP);  // it can no longer leave the closed job
+  std::ofstream(go).put('\n');
+  EXPECT_TRUE(wait_until({&host}, [&] { return contains(host.err(), "no restarts left"); }, 15s)) << host.err();
+  const auto signalled_at = std::chrono::steady_clock::now();
+  ::kill(host.pid(), SIGINT);
+  auto done = host.finish(60s);
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled_at).count();
+  ::kill(other.pid(), SIGCONT);
+  other.finish(30s);
+  EXPECT_EQ(done.exit_code, 130) << describe(done);
+  EXPECT_LT(after, 3.0) << "took " << after << " s after SIGINT";
+  expect_no_orphans(job);
 }

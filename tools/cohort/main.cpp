@@ -23,10 +23,12 @@ constexpr const char* kUsage =
     "  --version\n";
 
 int run_command(const std::vector<std::string>& args) {
-  auto options = cohort::launcher::parse_run_command(args, std::cout);
+  // The environment is read once, here: the flags' PET_* variables and the workers'
+  // base environment come from the same map.
+  const auto env = cohort::comm::process_environment();
+  auto options = cohort::launcher::parse_run_command(args, std::cout, env);
   if (!options) return 0;  // --help
-  return cohort::launcher::run_agent(*options, cohort::comm::process_environment(),
-                                     cohort::launcher::detect_resources());
+  return cohort::launcher::run_agent(*options, env, cohort::launcher::detect_resources());
 }
 
 }  // namespace

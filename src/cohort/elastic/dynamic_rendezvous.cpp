@@ -19,6 +19,10 @@ Millis wall_now() {
   return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch());
 }
 
+Millis steady_now() {
+  return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now().time_since_epoch());
+}
+
 DynamicRendezvous::DynamicRendezvous(c10::intrusive_ptr<c10d::Store> store, std::string run_id, std::string node,
                                      RendezvousSettings settings)
     : store_(std::move(store)),
@@ -32,7 +36,9 @@ RendezvousState DynamicRendezvous::read() {
   const auto k = key("state");
   // get() blocks on a missing key, so look first; the record is never deleted.
   if (!store_->check({k})) return RendezvousState{};
-  return decode(util::from_bytes(store_->get(k)));
+  auto state = decode(util::from_bytes(store_->get(k)));
+  watch_.observe(state, steady_now());
+  return state;
 }
 
 RendezvousState DynamicRendezvous::update(const std::function<bool(RendezvousState&)>& change) {
@@ -51,14 +57,14 @@ RendezvousState DynamicRendezvous::update(const std::function<bool(RendezvousSta
 }
 
 Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
-  const Millis deadline = wall_now() + settings_.join_timeout();
+  const Millis deadline = steady_now() + settings_.join_timeout();
   while (true) {
     JoinAction action = JoinAction::kWait;
     const auto state = update([&](RendezvousState& s) {
-      const auto now = wall_now();
-      drop_dead_nodes(s, now, settings_);
-      action = next_join_action(s, node_, now, deadline, settings_);
-      apply(s, action, node_, now, settings_);
+      const auto mono = steady_now(), wall = wall_now();
+      drop_dead_nodes(s, watch_, mono, settings_);
+      action = next_join_action(s, node_, wall, mono >= deadline, settings_);
+      apply(s, action, node_, wall, settings_);
       return true;
     });
     switch (action) {
@@ -106,9 +112,8 @@ void DynamicRendezvous::leave() {
 std::vector<std::string> DynamicRendezvous::keep_alive() {
   std::vector<std::string> dropped;
   update([&](RendezvousState& s) {
-    const auto now = wall_now();
-    heartbeat(s, node_, now);
-    dropped = drop_dead_nodes(s, now, settings_);
+    heartbeat(s, node_);
+    dropped = drop_dead_nodes(s, watch_, steady_now(), settings_);
     return true;
   });
   return dropped;

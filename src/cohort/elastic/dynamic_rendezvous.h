@@ -29,8 +29,10 @@ struct Round {
   std::int64_t restarts = 0;  // failure restarts of the job so far
 };
 
-// Wall-clock time as the record keeps it.
+// Wall-clock time as the record keeps it (the last call), and this process's
+// monotonic clock, for everything local (Note [Heartbeats without clocks]).
 Millis wall_now();
+Millis steady_now();
 
 class DynamicRendezvous {
  public:
@@ -48,7 +50,8 @@ class DynamicRendezvous {
   // Leaves the current round (or the wait list). Safe to call when not in one.
   void leave();
   // Refreshes this node's heartbeat and drops nodes whose heartbeats stopped;
-  // returns the dropped ones.
+  // returns the dropped ones. Silence is timed by this object's own watch, which
+  // looks at every record it reads.
   std::vector<std::string> keep_alive();
 
   RendezvousState read();
@@ -68,6 +71,7 @@ class DynamicRendezvous {
   std::string prefix_;
   std::string node_;
   RendezvousSettings settings_;
+  HeartbeatWatch watch_;
 };
 
 }  // namespace cohort::elastic

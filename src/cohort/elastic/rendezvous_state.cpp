@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -93,8 +94,8 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
 bool RendezvousState::operator==(const RendezvousState& o) const {
   return round == o.round && complete == o.complete && closed == o.closed && last_call == o.last_call &&
          participants == o.participants && wait_list == o.wait_list && heartbeats == o.heartbeats &&
-         restarts == o.restarts && max_restarts == o.max_restarts && failed_round == o.failed_round &&
-         done == o.done;
+         beats == o.beats && restarts == o.restarts && max_restarts == o.max_restarts &&
+         min_nodes == o.min_nodes && max_nodes == o.max_nodes && failed_round == o.failed_round && done == o.done;
 }
 
 const char* to_string(JoinAction action) {
@@ -111,13 +112,13 @@ const char* to_string(JoinAction action) {
   return "?";
 }
 
-JoinAction next_join_action(const RendezvousState& state, const std::string& node, Millis now, Millis join_deadline,
+JoinAction next_join_action(const RendezvousState& state, const std::string& node, Millis now, bool join_expired,
                             const RendezvousSettings& settings) {
   if (state.closed) return JoinAction::kErrorClosed;
   const bool participant = state.participants.count(node) > 0;
   const bool waiting = state.wait_list.count(node) > 0;
   if (state.complete && participant) return JoinAction::kFinish;
-  if (now >= join_deadline) return participant || waiting ? JoinAction::kRemoveSelf : JoinAction::kErrorTimeout;
+  if (join_expired) return participant || waiting ? JoinAction::kRemoveSelf : JoinAction::kErrorTimeout;
   if (state.complete) {
     // Too late for this round: wait for the next, if there will be room in it.
     if (!waiting && static_cast<int>(state.participants.size() + state.wait_list.size()) < settings.max_nodes()) {
@@ -139,7 +140,7 @@ void apply(RendezvousState& state, JoinAction action, const std::string& node, M
     case JoinAction::kAddToParticipants: {
       state.wait_list.erase(node);
       state.participants[node] = -1;
-      state.heartbeats[node] = now;
+      state.heartbeats[node] = ++state.beats;
       const auto n = static_cast<int>(state.participants.size());
       if (n == settings.max_nodes()) {
         mark_complete(state);
@@ -150,7 +151,7 @@ void apply(RendezvousState& state, JoinAction action, const std::string& node, M
     }
     case JoinAction::kAddToWaitList:
       state.wait_list.insert(node);
-      state.heartbeats[node] = now;
+      state.heartbeats[node] = ++state.beats;
       return;
     case JoinAction::kMarkComplete:
       mark_complete(state);
@@ -169,16 +170,30 @@ void leave(RendezvousState& state, const std::string& node, const RendezvousSett
   if (state.participants.erase(node) > 0) after_participant_removed(state, settings);
 }
 
-void heartbeat(RendezvousState& state, const std::string& node, Millis now) {
-  if (state.participants.count(node) > 0 || state.wait_list.count(node) > 0) state.heartbeats[node] = now;
+void heartbeat(RendezvousState& state, const std::string& node) {
+  if (state.participants.count(node) > 0 || state.wait_list.count(node) > 0) state.heartbeats[node] = ++state.beats;
 }
 
-std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, const RendezvousSettings& settings) {
-  const Millis bound = settings.keep_alive_interval() * settings.keep_alive_max_missed();
-  std::vector<std::string> dead;
-  for (const auto& [node, last] : state.heartbeats) {
-    if (now - last > bound) dead.push_back(node);
+void HeartbeatWatch::observe(const RendezvousState& state, Millis now) {
+  for (auto it = seen_.begin(); it != seen_.end();)
+    it = state.heartbeats.count(it->first) ? std::next(it) : seen_.erase(it);  // gone: forget it
+  for (const auto& [node, beat] : state.heartbeats) {
+    auto it = seen_.find(node);
+    if (it == seen_.end() || it->second.beat != beat) seen_[node] = Seen{beat, now};
   }
+}
+
+std::vector<std::string> HeartbeatWatch::silent(Millis now, Millis bound) const {
+  std::vector<std::string> out;
+  for (const auto& [node, seen] : seen_)
+    if (now - seen.since > bound) out.push_back(node);
+  return out;
+}
+
+std::vector<std::string> drop_dead_nodes(RendezvousState& state, HeartbeatWatch& watch, Millis now,
+                                         const RendezvousSettings& settings) {
+  watch.observe(state, now);
+  const auto dead = watch.silent(now, settings.keep_alive_interval() * settings.keep_alive_max_missed());
   for (const auto& node : dead) leave(state, node, settings);
   return dead;
 }
@@ -186,6 +201,18 @@ std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, con
 std::int64_t adopt_max_restarts(RendezvousState& state, int mine) {
   if (state.max_restarts < 0) state.max_restarts = mine;
   return state.max_restarts;
+}
+
+std::pair<int, int> adopt_nnodes(RendezvousState& state, int min_nodes, int max_nodes) {
+  if (state.max_nodes <= 0) {
+    state.min_nodes = min_nodes;
+    state.max_nodes = max_nodes;
+  }
+  return {state.min_nodes, state.max_nodes};
+}
+
+std::string nnodes_text(int min_nodes, int max_nodes) {
+  return min_nodes == max_nodes ? std::to_string(max_nodes) : fmt::format("{}:{}", min_nodes, max_nodes);
 }
 
 bool count_failure(RendezvousState& state, std::int64_t round) {
@@ -206,12 +233,13 @@ std::string encode(const RendezvousState& s) {
                       {"wait_list", s.wait_list},
                       {"restarts", s.restarts},
                       {"max_restarts", s.max_restarts},
+                      {"min_nodes", s.min_nodes},
+                      {"max_nodes", s.max_nodes},
+                      {"beats", s.beats},
                       {"failed_round", s.failed_round},
                       {"done", s.done}};
   j["last_call"] = s.last_call ? nlohmann::json(s.last_call->count()) : nlohmann::json(nullptr);
-  nlohmann::json beats = nlohmann::json::object();
-  for (const auto& [node, at] : s.heartbeats) beats[node] = at.count();
-  j["heartbeats"] = beats;
+  j["heartbeats"] = s.heartbeats;
   return j.dump();
 }
 
@@ -226,10 +254,13 @@ RendezvousState decode(const std::string& bytes) {
     s.wait_list = j.at("wait_list").get<std::set<std::string>>();
     s.restarts = j.at("restarts").get<std::int64_t>();
     s.max_restarts = j.at("max_restarts").get<std::int64_t>();
+    s.min_nodes = j.at("min_nodes").get<int>();
+    s.max_nodes = j.at("max_nodes").get<int>();
+    s.beats = j.at("beats").get<std::int64_t>();
     s.failed_round = j.at("failed_round").get<std::int64_t>();
     s.done = j.at("done").get<std::set<std::string>>();
     if (!j.at("last_call").is_null()) s.last_call = Millis(j.at("last_call").get<std::int64_t>());
-    for (const auto& [node, at] : j.at("heartbeats").items()) s.heartbeats[node] = Millis(at.get<std::int64_t>());
+    s.heartbeats = j.at("heartbeats").get<std::map<std::string, std::int64_t>>();
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("the rendezvous record in the store is not one cohort wrote ({}); is another "

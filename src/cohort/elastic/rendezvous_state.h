@@ -16,12 +16,29 @@
 //    which costs no restart); when the last participant has left, the round number
 //    advances and everyone, waiting nodes included, joins the next round.
 //  - A node whose heartbeats stop for keep_alive_interval * keep_alive_max_missed is
-//    dropped by whoever notices (drop_dead_nodes), so a dead node never blocks a round.
+//    dropped by whoever notices (drop_dead_nodes), so a dead node never blocks a round
+//    (Note [Heartbeats without clocks]).
 //  - `restarts` counts failure restarts for the whole job, in the shared record, so a
 //    node cannot reset it by leaving and joining again (pytorch#147064). One failure
 //    makes every node's workers fail (the others as casualties), so a failed round is
 //    counted once, by whichever node reports it first (`failed_round`). The limit
 //    itself is the job's too (`max_restarts`, fixed by the first agent to join).
+//  - So is the job's --nnodes MIN:MAX (`min_nodes`, `max_nodes`): agents that disagree
+//    on when a round is complete would never settle (one admits a node the other
+//    restarts for, round after round), so an agent with another range is refused.
+//
+// Note [Heartbeats without clocks]
+// Hosts' clocks disagree, and a clock can step (NTP, a VM resumed): a heartbeat
+// stamped with one host's wall-clock time and aged against another's turns a step
+// of 30 s into a "dead" node. So a heartbeat carries no time at all: it is a number
+// from the record's own sequence (`beats`), new at every beat and never reused.
+// Each observer (HeartbeatWatch) notes on its own monotonic clock when it last saw
+// a node's number change, and drops the node once it has not changed for the
+// keep-alive bound. No clock is ever compared with another host's, and a step of
+// the wall clock changes nothing. Local deadlines (joining) are monotonic too; the
+// one wall-clock time left in the record is the last call of a forming round, a
+// deadline shared by every node, which a clock step can only move (the round
+// closes earlier or later by the step), never turn into a lost node.
 #include <torch/arg.h>
 
 #include <chrono>
@@ -30,12 +47,13 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cohort::elastic {
 
-// Milliseconds of wall-clock time since the Unix epoch: agents on different hosts
-// compare deadlines and heartbeats written by each other.
+// Milliseconds: of wall-clock time since the Unix epoch for the shared last-call
+// deadline, of an observer's own monotonic clock for everything else.
 using Millis = std::chrono::milliseconds;
 
 struct RendezvousSettings {
@@ -62,9 +80,13 @@ struct RendezvousState {
   std::optional<Millis> last_call;  // the incomplete round completes at this time
   std::map<std::string, int> participants;  // node -> rank (-1 until complete)
   std::set<std::string> wait_list;  // arrived after completion, for the next round
-  std::map<std::string, Millis> heartbeats;  // of participants and waiting nodes
+  // Of participants and waiting nodes: each node's latest beat, a number from `beats`
+  // (Note [Heartbeats without clocks]).
+  std::map<std::string, std::int64_t> heartbeats;
+  std::int64_t beats = 0;  // the last beat number given
   std::int64_t restarts = 0;  // failure restarts of the whole job
   std::int64_t max_restarts = -1;  // the job's --max-restarts, fixed by its first agent (-1: none yet)
+  int min_nodes = 0, max_nodes = 0;  // the job's --nnodes, fixed by its first agent (0: none yet)
   std::int64_t failed_round = -1;  // the last round whose failure was counted
   std::set<std::string> done;  // participants whose workers all exited 0 this round
 
@@ -83,20 +105,44 @@ enum class JoinAction {
 };
 const char* to_string(JoinAction action);
 
-// What `node` does next to take part in a round, given the record read at `now`.
-// `join_deadline` is when this node gives up (its join started + join_timeout).
-JoinAction next_join_action(const RendezvousState& state, const std::string& node, Millis now, Millis join_deadline,
+// What `node` does next to take part in a round, given the record read at `now`
+// (wall-clock time, for the last call). `join_expired`: this node's join_timeout
+// has run out, on its own monotonic clock.
+JoinAction next_join_action(const RendezvousState& state, const std::string& node, Millis now, bool join_expired,
                             const RendezvousSettings& settings);
-// Applies `action` for `node` (the actions that change the record).
+// Applies `action` for `node` (the actions that change the record); `now` is
+// wall-clock time, for the last call.
 void apply(RendezvousState& state, JoinAction action, const std::string& node, Millis now,
            const RendezvousSettings& settings);
 
 // Leaves the round (an agent stopping its workers for a restart or a membership
 // change). When the last participant of a complete round leaves, the next round opens.
 void leave(RendezvousState& state, const std::string& node, const RendezvousSettings& settings);
-void heartbeat(RendezvousState& state, const std::string& node, Millis now);
-// Drops nodes whose last heartbeat is older than the keep-alive bound; returns them.
-std::vector<std::string> drop_dead_nodes(RendezvousState& state, Millis now, const RendezvousSettings& settings);
+// A new beat for `node`, if it takes part (Note [Heartbeats without clocks]).
+void heartbeat(RendezvousState& state, const std::string& node);
+
+// One observer's view of the heartbeats (Note [Heartbeats without clocks]): when,
+// on its own monotonic clock, it last saw each node's beat change.
+class HeartbeatWatch {
+ public:
+  // Looks at the record at `now` (this observer's monotonic clock).
+  void observe(const RendezvousState& state, Millis now);
+  // The nodes of the record last observed whose beat has not changed for more than
+  // `bound` at `now`.
+  std::vector<std::string> silent(Millis now, Millis bound) const;
+
+ private:
+  struct Seen {
+    std::int64_t beat;
+    Millis since;
+  };
+  std::map<std::string, Seen> seen_;
+};
+
+// Observes the record with `watch` at `now` (the observer's monotonic clock), then
+// drops the nodes silent for longer than the keep-alive bound; returns them.
+std::vector<std::string> drop_dead_nodes(RendezvousState& state, HeartbeatWatch& watch, Millis now,
+                                         const RendezvousSettings& settings);
 // Nodes waiting for the next round: a running job restarts to take them in.
 int nodes_waiting(const RendezvousState& state);
 
@@ -104,6 +150,13 @@ int nodes_waiting(const RendezvousState& state);
 // none yet. An agent started with another value follows the job's, so a node that
 // rejoins with a larger one cannot extend the job's budget (pytorch#147064).
 std::int64_t adopt_max_restarts(RendezvousState& state, int mine);
+
+// The job's --nnodes as {MIN, MAX}: the record's, or {min_nodes, max_nodes} (then
+// stored) when the record has none yet. An agent whose range differs from the
+// job's must not take part: the caller refuses it (Note [Rendezvous rounds]).
+std::pair<int, int> adopt_nnodes(RendezvousState& state, int min_nodes, int max_nodes);
+// "2" or "1:4", as --nnodes is written.
+std::string nnodes_text(int min_nodes, int max_nodes);
 
 // Counts the failure of `round` against the job's limit (`state.max_restarts`, set
 // by adopt_max_restarts; none adopted yet allows none), once however many nodes

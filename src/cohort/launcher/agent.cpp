@@ -14,6 +14,8 @@
 
 #include "cohort/launcher/elastic_agent.h"
 #include "cohort/launcher/failure.h"
+#include "cohort/launcher/restart_pacing.h"
+#include "cohort/launcher/signal_pipe.h"
 #include "cohort/launcher/static_rendezvous.h"
 #include "cohort/launcher/worker_env.h"
 #include "cohort/launcher/worker_group.h"
@@ -48,6 +50,14 @@ void install_signal_handlers() {
   sa.sa_flags = SA_RESTART;
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+}
+
+// Note [Restart pacing]: the pause before restarting a group that ran for
+// `ran_for`; returns a signal that cut it short, or 0.
+int pause_before_restart(RestartPacing& pacing, std::chrono::steady_clock::duration ran_for, int signal_fd) {
+  const auto pause = pacing.after_failure(std::chrono::duration_cast<std::chrono::milliseconds>(ran_for));
+  fmt::print(stderr, "{}", pacing.explain(pause));
+  return wait_for_signal(signal_fd, pause);
 }
 
 std::string random_id() {
@@ -132,10 +142,13 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   AttemptContext context{options.max_nodes == 1 ? std::string("127.0.0.1") : options.master_addr, rendezvous.port(), 0,
                          run_id};
   int exit_code = 1;
+  RestartPacing pacing(restart_pacing_for(options.monitor_interval));
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
+    const auto started = std::chrono::steady_clock::now();
     WorkerGroup running(options, worker_base, program, assignment, nproc, context, dir.attempt(attempt), g_signal_pipe[0]);
     auto result = running.monitor();
+    const auto ran_for = std::chrono::steady_clock::now() - started;
     if (result.success) {
       exit_code = 0;
       break;
@@ -152,6 +165,11 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
       break;
     }
     fmt::print(stderr, "cohort run: restarting every worker (restart {} of {})\n", attempt + 1, options.max_restarts);
+    if (int sig = pause_before_restart(pacing, ran_for, g_signal_pipe[0])) {
+      fmt::print(stderr, "cohort run: stopped by signal {} before the restart; every worker has exited\n",
+                 sigabbrev_np(sig) ? sigabbrev_np(sig) : "?");
+      return 128 + sig;
+    }
   }
   if (int sig = rendezvous.finish(g_signal_pipe[0])) {
     fmt::print(stderr, "cohort run: stopped by signal {} while waiting for the other nodes to finish\n",

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <map>
+#include <sstream>
 
 namespace cohort::launcher {
 namespace {
@@ -21,12 +24,95 @@ constexpr const char* kDescription =
     "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_* and (several workers, unset)\n"
     "OMP_NUM_THREADS=1. Output lines are prefixed with the worker's rank. When a worker\n"
     "fails, the others are stopped and the launcher exits 1 naming the first failure.\n"
-    "PROGRAM is any executable; it need not link cohort.\n\n"
+    "PROGRAM is any executable; it need not link cohort. As with torchrun, every flag\n"
+    "can also be set by PET_<NAME> (PET_NPROC_PER_NODE, PET_NNODES, PET_RDZV_ENDPOINT, ...);\n"
+    "a flag on the command line takes precedence.\n\n"
     "Usage: cohort run [FLAGS] [--] PROGRAM [ARGS...]";
+
+// Note [PET variables]: "PET_" + the option's first long name, e.g. --nproc-per-node
+// -> PET_NPROC_PER_NODE.
+std::string pet_name(const CLI::Option& option) {
+  std::string name = "PET_" + option.get_lnames().front();
+  for (auto& c : name) c = c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+// The options left unset on the command line take their PET_* variable, if any.
+// Returns, for each option so set, "PET_NAME=value" by its flag ("--name").
+std::map<std::string, std::string> apply_pet_variables(CLI::App& app, const comm::EnvMap& env) {
+  std::map<std::string, std::string> from_env;
+  for (CLI::Option* option : app.get_options()) {
+    if (option == app.get_help_ptr() || option->get_lnames().empty() || option->count() > 0) continue;
+    const auto name = pet_name(*option);
+    const auto it = env.find(name);
+    if (it == env.end() || it->second.empty()) continue;
+    const auto flag = "--" + option->get_lnames().front();
+    try {
+      option->add_result(it->second);
+      option->run_callback();
+    } catch (const CLI::Error& e) {
+      throw UsageError(fmt::format("{}={}: not a valid value for {} ({}); fix or unset the variable (a flag on the "
+                                   "command line takes precedence over it)",
+                                   name, it->second, flag, e.what()));
+    }
+    from_env[flag] = name + "=" + it->second;
+  }
+  return from_env;
+}
+
+// A UsageError about a value that came from a PET_* variable names the variable.
+UsageError naming_variables(const UsageError& e, const std::map<std::string, std::string>& from_env) {
+  const std::string what = e.what();
+  for (const auto& [flag, assignment] : from_env)
+    if (what.find(flag) != std::string::npos)
+      return UsageError(fmt::format("{} (read as {}): {}", assignment, flag, what));
+  return e;
+}
+
+// What the parsed flags mean together; throws UsageError naming the flag.
+void finish_options(CLI::App& app, RunOptions& o, const std::string& nnodes, const std::string& redirects,
+                    const std::string& tee, const std::string& filter) {
+  auto rest = app.remaining();
+  bool separated = !rest.empty() && rest.front() == "--";
+  if (separated) rest.erase(rest.begin());
+  if (!separated && !rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-')
+    throw UsageError(fmt::format("unknown flag {}: see `cohort run --help`; put the program after `--` if its "
+                                 "name starts with '-'",
+                                 rest.front()));
+  if (!rest.empty()) {
+    o.program = rest.front();
+    o.program_args.assign(rest.begin() + 1, rest.end());
+  }
+  std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(nnodes);
+  o.redirects = parse_stream_selection(redirects, "--redirects");
+  o.tee = parse_stream_selection(tee, "--tee");
+  if (!filter.empty()) {
+    std::set<int> ranks;
+    std::stringstream in(filter);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      int r = -1;
+      try {
+        r = std::stoi(item);
+      } catch (const std::exception&) {
+      }
+      if (r < 0 || std::to_string(r) != item)
+        throw UsageError(fmt::format("--local-ranks-filter {}: give local ranks such as 0 or 0,2", filter));
+      ranks.insert(r);
+    }
+    o.local_ranks_filter = ranks;
+  }
+  if (o.standalone) {
+    o.rdzv_backend = "c10d";
+    o.rdzv_endpoint = "127.0.0.1:0";
+  }
+  validate(o);
+}
 
 }  // namespace
 
-std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args, std::ostream& out) {
+std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args, std::ostream& out,
+                                            const comm::EnvMap& env) {
   RunOptions o;
   std::string nnodes = "1", redirects = "0", tee = "0", filter;
   bool no_python = false;
@@ -97,42 +183,12 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
   } catch (const CLI::ParseError& e) {
     throw UsageError(fmt::format("{}\n  see `cohort run --help`", e.what()));
   }
-
-  auto rest = app.remaining();
-  bool separated = !rest.empty() && rest.front() == "--";
-  if (separated) rest.erase(rest.begin());
-  if (!separated && !rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-')
-    throw UsageError(fmt::format("unknown flag {}: see `cohort run --help`; put the program after `--` if its "
-                                 "name starts with '-'",
-                                 rest.front()));
-  if (!rest.empty()) {
-    o.program = rest.front();
-    o.program_args.assign(rest.begin() + 1, rest.end());
+  const auto from_env = apply_pet_variables(app, env);
+  try {
+    finish_options(app, o, nnodes, redirects, tee, filter);
+  } catch (const UsageError& e) {
+    throw naming_variables(e, from_env);
   }
-  std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(nnodes);
-  o.redirects = parse_stream_selection(redirects, "--redirects");
-  o.tee = parse_stream_selection(tee, "--tee");
-  if (!filter.empty()) {
-    std::set<int> ranks;
-    std::stringstream in(filter);
-    std::string item;
-    while (std::getline(in, item, ',')) {
-      int r = -1;
-      try {
-        r = std::stoi(item);
-      } catch (const std::exception&) {
-      }
-      if (r < 0 || std::to_string(r) != item)
-        throw UsageError(fmt::format("--local-ranks-filter {}: give local ranks such as 0 or 0,2", filter));
-      ranks.insert(r);
-    }
-    o.local_ranks_filter = ranks;
-  }
-  if (o.standalone) {
-    o.rdzv_backend = "c10d";
-    o.rdzv_endpoint = "127.0.0.1:0";
-  }
-  validate(o);
   return o;
 }
 

@@ -12,7 +12,9 @@
 #include "cohort/launcher/agent_store.h"
 #include "cohort/launcher/failure_record.h"
 #include "cohort/launcher/keep_alive.h"
+#include "cohort/launcher/restart_pacing.h"
 #include "cohort/launcher/round_end.h"
+#include "cohort/launcher/signal_pipe.h"
 #include "cohort/launcher/worker_group.h"
 #include "cohort/util/bytes.h"
 #include "cohort/util/host.h"
@@ -26,20 +28,8 @@ using elastic::Round;
 using Clock = std::chrono::steady_clock;
 constexpr auto kLook = std::chrono::milliseconds(50);
 
-struct SignalReceived {
-  int sig;
-};
 // The round this agent is in has changed under it: join the next one.
 struct RoundChanged {};
-
-int pending_signal(int fd) {
-  unsigned char sigs[16];
-  ssize_t n;
-  while ((n = read(fd, sigs, sizeof sigs)) > 0)
-    for (ssize_t i = 0; i < n; ++i)
-      if (sigs[i] != SIGCHLD) return sigs[i];
-  return 0;
-}
 
 std::string node_name() {
   std::random_device rd;
@@ -78,6 +68,35 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
   return assign_ranks(sizes, r.rank);
 }
 
+// The job's --nnodes and --max-restarts, fixed by its first agent in the record
+// (Note [Rendezvous rounds]); returns the job's restart limit. Throws UsageError,
+// leaving the record as it was, when this agent's --nnodes is not the job's.
+std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
+  const std::pair<int, int> mine{o.min_nodes, o.max_nodes};
+  std::pair<int, int> job = mine;
+  std::int64_t max_restarts = o.max_restarts;
+  rdzv.update([&](RendezvousState& s) {
+    const bool unset = s.max_restarts < 0 || s.max_nodes <= 0;
+    job = elastic::adopt_nnodes(s, o.min_nodes, o.max_nodes);
+    if (job != mine) return false;
+    max_restarts = elastic::adopt_max_restarts(s, o.max_restarts);
+    return unset;
+  });
+  if (job != mine) {
+    const auto theirs = elastic::nnodes_text(job.first, job.second);
+    throw UsageError(fmt::format("--nnodes {}: this job (--rdzv-id {}) runs with --nnodes {}, set by its first "
+                                 "agent; agents that disagree on the number of nodes would never agree on a round, "
+                                 "so this one does not join (the job goes on without it).\n  fix: start every "
+                                 "agent of the job with --nnodes {}",
+                                 elastic::nnodes_text(mine.first, mine.second), o.run_id, theirs, theirs));
+  }
+  if (max_restarts != o.max_restarts)
+    fmt::print(stderr, "cohort run: warning: this job runs with --max-restarts {}, set by its first agent; this "
+                       "agent's --max-restarts {} is ignored\n",
+               max_restarts, o.max_restarts);
+  return max_restarts;
+}
+
 }  // namespace
 
 int run_elastic_agent(const AgentSetup& setup) {
@@ -102,6 +121,8 @@ int run_elastic_agent(const AgentSetup& setup) {
       settings.keep_alive_interval() * settings.keep_alive_max_missed(), std::chrono::seconds(5)));
   const auto node = node_name();
   DynamicRendezvous rdzv(store.client, setup.run_id, node, settings);
+  // Before anything joins: an agent that disagrees with the job is refused here.
+  const auto max_restarts = adopt_job_settings(rdzv, o);
   // Heartbeats on a connection of their own, never queued behind the main thread.
   DynamicRendezvous beats(store.client->clone(), setup.run_id, node, settings);
   KeepAlive keep_alive(beats);
@@ -116,17 +137,26 @@ int run_elastic_agent(const AgentSetup& setup) {
       // The store is gone or silent: nothing to leave.
     }
   };
-  // The job's restart limit is the first agent's (Note [Rendezvous rounds]).
-  std::int64_t max_restarts = o.max_restarts;
-  rdzv.update([&](RendezvousState& s) {
-    const bool unset = s.max_restarts < 0;
-    max_restarts = elastic::adopt_max_restarts(s, o.max_restarts);
-    return unset;
-  });
-  if (max_restarts != o.max_restarts)
-    fmt::print(stderr, "cohort run: warning: this job runs with --max-restarts {}, set by its first agent; this "
-                       "agent's --max-restarts {} is ignored\n",
-               max_restarts, o.max_restarts);
+  auto stopped_by = [&](int sig) {
+    leave_quietly();
+    fmt::print(stderr, "cohort run: stopped by signal {}; every worker has exited\n",
+               sigabbrev_np(sig) ? sigabbrev_np(sig) : "?");
+    return 128 + sig;
+  };
+  // Note [Restart pacing]: waits on the signal pipe, still a participant of the
+  // failed round, so the next round starts after the slowest node's pause.
+  RestartPacing pacing(restart_pacing_for(o.monitor_interval));
+  auto pause_before_restart = [&](Clock::duration ran_for) {
+    const auto pause = pacing.after_failure(std::chrono::duration_cast<std::chrono::milliseconds>(ran_for));
+    fmt::print(stderr, "{}", pacing.explain(pause));
+    const auto until = Clock::now() + pause;
+    for (auto left = pause; left.count() > 0;
+         left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now())) {
+      if (int sig = wait_for_signal(setup.signal_fd, std::min(left, std::chrono::milliseconds(250))))
+        throw SignalReceived{sig};
+      keep_alive.rethrow();
+    }
+  };
   comm::EnvMap env = setup.env;
   env["COHORT_AGENT_STORE"] = "cohort";
   env["COHORT_RDZV_TOKEN"] = token;
@@ -150,6 +180,8 @@ int run_elastic_agent(const AgentSetup& setup) {
                  r.round, a.group_rank, a.group_world_size, a.base_rank, a.base_rank + setup.nproc - 1, a.world_size,
                  r.restarts, max_restarts, std::chrono::duration<double>(Clock::now() - joining).count());
       AttemptContext context{store.host, store.port, static_cast<int>(r.restarts), setup.run_id};
+      context.max_restarts = static_cast<int>(max_restarts);  // the job's, not this agent's flag
+      const auto started = Clock::now();
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),
                         setup.signal_fd);
       group.on_tick([&] {
@@ -157,6 +189,7 @@ int run_elastic_agent(const AgentSetup& setup) {
         return round_changed(rdzv.read(), r, rdzv.node());
       });
       const auto result = group.monitor();
+      const auto ran_for = Clock::now() - started;
       if (result.received_signal) throw SignalReceived{result.received_signal};
       // Workers stopped for a change may exit 0 (a trainer that saves on SIGTERM):
       // that is an interruption, not the end of the job.
@@ -167,11 +200,11 @@ int run_elastic_agent(const AgentSetup& setup) {
                                                                                  static_cast<int>(max_restarts)});
         // Note [Failures after a node finished]: no restart once a node is done.
         if (const auto why = reason_to_close_after_finish(rdzv.read(), r, true); !why.empty()) {
-          close_with_root_cause(rdzv, r, why);
-          return report_closed(rdzv, hosting);
+          close_with_root_cause(rdzv, r, why, check);
+          return report_closed(rdzv, hosting, check);
         }
         const auto verdict = classify(rdzv, r, record.own, check);
-        if (verdict == Verdict::kClosed) return report_closed(rdzv, hosting);
+        if (verdict == Verdict::kClosed) return report_closed(rdzv, hosting, check);
         if (verdict == Verdict::kFailure) {
           bool go_on = true;
           rdzv.update([&](RendezvousState& s) {
@@ -179,41 +212,46 @@ int run_elastic_agent(const AgentSetup& setup) {
             return go_on;
           });
           if (!go_on) {
-            close_with_root_cause(rdzv, r, fmt::format("no restarts left (--max-restarts {} used by the job as a "
-                                                       "whole)",
-                                                       rdzv.read().restarts));
-            return report_closed(rdzv, hosting);
+            close_with_root_cause(rdzv, r,
+                                  fmt::format("no restarts left (--max-restarts {} used by the job as a whole)",
+                                              rdzv.read().restarts),
+                                  check);
+            return report_closed(rdzv, hosting, check);
           }
           fmt::print(stderr, "{}cohort run: restarting the workers of every node (failure restart {} of {})\n",
                      record.summary, rdzv.read().restarts, max_restarts);
+          pause_before_restart(ran_for);
         } else {
           fmt::print(stderr, "cohort run: a node left the job; restarting the workers at the new size (no "
                              "restart used)\n");
         }
       } else {
         const auto s = rdzv.read();
-        if (s.closed) return report_closed(rdzv, hosting);
+        if (s.closed) return report_closed(rdzv, hosting, check);
         if (const auto why = reason_to_close_after_finish(s, r, false); !why.empty()) {
-          close_with_root_cause(rdzv, r, why);
-          return report_closed(rdzv, hosting);
+          close_with_root_cause(rdzv, r, why, check);
+          return report_closed(rdzv, hosting, check);
         }
-        if (s.failed_round >= r.round)
+        if (s.failed_round >= r.round) {
           fmt::print(stderr, "cohort run: another node's workers failed; restarting the workers of every node "
                              "(failure restart {} of {})\n",
                      s.restarts, max_restarts);
-        else
+          pause_before_restart(ran_for);
+        } else {
           fmt::print(stderr, "cohort run: the job's membership changed; restarting the workers at the new size "
                              "(no restart used)\n");
+        }
       }
       rdzv.leave();
     }
   } catch (const SignalReceived& s) {
-    leave_quietly();
-    fmt::print(stderr, "cohort run: stopped by signal {}; every worker has exited\n",
-               sigabbrev_np(s.sig) ? sigabbrev_np(s.sig) : "?");
-    return 128 + s.sig;
+    return stopped_by(s.sig);
   } catch (const elastic::RendezvousClosedError&) {
-    return report_closed(rdzv, hosting);
+    try {
+      return report_closed(rdzv, hosting, check);
+    } catch (const SignalReceived& s) {
+      return stopped_by(s.sig);
+    }
   } catch (const TimeoutError& e) {
     if (e.operation() == "rendezvous") {
       leave_quietly();

@@ -47,11 +47,13 @@ std::vector<FailureRecord> read_failure_records(elastic::DynamicRendezvous& rdzv
   return out;
 }
 
-void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, const std::string& why) {
+void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, const std::string& why,
+                           const std::function<void()>& check) {
   auto records = read_failure_records(rdzv, r);
   const auto finished = rdzv.read().done.size();  // nodes that finished post no record
   const auto until = std::chrono::steady_clock::now() + kGatherFor;
   while (records.size() + finished < r.nodes.size() && std::chrono::steady_clock::now() < until) {
+    if (check) check();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     records = read_failure_records(rdzv, r);
   }

@@ -3,6 +3,7 @@
 // store, so that the agent that closes a failed job can name the root cause over
 // every node (Note [Elastic agent loop]), not just its own.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,10 @@ std::vector<FailureRecord> read_failure_records(elastic::DynamicRendezvous& rdzv
 // The job cannot go on (its restarts are used up, or a node failed or was lost after
 // another had finished): waits briefly for the other nodes' records, writes the root
 // cause (the earliest own failure, else the earliest failure) followed by `why`,
-// and closes the job.
-void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, const std::string& why);
+// and closes the job. `check` is called between looks and may throw (the agent's
+// signals).
+void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, const std::string& why,
+                           const std::function<void()>& check = nullptr);
 // What close_with_root_cause wrote; empty when the job closed because it finished.
 std::string read_root_cause(elastic::DynamicRendezvous& rdzv);
 

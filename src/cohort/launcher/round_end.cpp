@@ -21,8 +21,8 @@ constexpr auto kLook = std::chrono::milliseconds(100);
 constexpr auto kGatherLost = std::chrono::seconds(4);
 
 // The agent hosting the store keeps it up until the other agents have left (they
-// read the job's outcome from it), for at most close_timeout.
-void linger(DynamicRendezvous& rdzv, bool hosting) {
+// read the job's outcome from it), for at most close_timeout, watching the signals.
+void linger(DynamicRendezvous& rdzv, bool hosting, const std::function<void()>& check) {
   if (!hosting) {
     rdzv.leave();
     return;
@@ -33,6 +33,7 @@ void linger(DynamicRendezvous& rdzv, bool hosting) {
     bool others = false;
     for (const auto& [node, rank] : s.participants) others = others || node != rdzv.node();
     if (!others) return;
+    check();
     std::this_thread::sleep_for(kLook);
   }
 }
@@ -65,15 +66,15 @@ Verdict classify(DynamicRendezvous& rdzv, const Round& r, bool own, const std::f
   }
 }
 
-int report_closed(DynamicRendezvous& rdzv, bool hosting) {
-  auto cause = read_root_cause(rdzv);
-  linger(rdzv, hosting);
-  if (cause.empty()) {
+int report_closed(DynamicRendezvous& rdzv, bool hosting, const std::function<void()>& check) {
+  // Said before the linger, so that the user reads the outcome at once.
+  const auto cause = read_root_cause(rdzv);
+  if (cause.empty())
     fmt::print(stderr, "cohort run: the job has finished; nothing left for this node to do\n");
-    return 0;
-  }
-  fmt::print(stderr, "{}", cause);
-  return 1;
+  else
+    fmt::print(stderr, "{}", cause);
+  linger(rdzv, hosting, check);
+  return cause.empty() ? 0 : 1;
 }
 
 // Note [Exit barrier]: every worker here exited 0, as torchrun's exit barrier. The
@@ -101,7 +102,7 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
   std::optional<Clock::time_point> lost_since;
   while (true) {
     const auto s = rdzv.read();
-    if (s.closed) return report_closed(rdzv, hosting);
+    if (s.closed) return report_closed(rdzv, hosting, check);
     if (s.round != r.round || !s.participants.count(rdzv.node())) {
       fmt::print(stderr, "cohort run: this node's workers finished, but the node was dropped from the job (its "
                          "heartbeats were late); the others go on without it\n");
@@ -113,7 +114,7 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
     const auto why = reason_to_close_after_finish(s, r, false);
     if (!why.empty() && !lost_since) lost_since = Clock::now();
     if (!why.empty() && Clock::now() - *lost_since > kGatherLost) {
-      close_with_root_cause(rdzv, r, why);
+      close_with_root_cause(rdzv, r, why, check);
       continue;  // and report it
     }
     check();
@@ -124,7 +125,7 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
       s.closed = true;
       return true;
     });
-  linger(rdzv, hosting);
+  linger(rdzv, hosting, check);
   return 0;
 }
 

@@ -30,6 +30,9 @@ std::string reason_to_close_after_finish(const elastic::RendezvousState& s, cons
                                          bool failed_here);
 
 // The job is closed: prints its root cause, if it failed, and returns the exit code.
-int report_closed(elastic::DynamicRendezvous& rdzv, bool hosting);
+// The agent hosting the store then keeps it up for the others (at most
+// close_timeout), calling `check` between looks; it may throw (the agent's signals:
+// Ctrl-C ends the wait at once).
+int report_closed(elastic::DynamicRendezvous& rdzv, bool hosting, const std::function<void()>& check);
 
 }  // namespace cohort::launcher

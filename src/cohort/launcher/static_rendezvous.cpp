@@ -13,6 +13,7 @@
 
 #include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
+#include "cohort/launcher/signal_pipe.h"
 #include "cohort/util/bytes.h"
 
 namespace cohort::launcher {
@@ -34,16 +35,6 @@ void wait_for_nodes(c10d::Store& store, const std::string& what, int nodes, std:
 }
 
 }  // namespace
-
-int take_stop_signal(int signal_fd) {
-  unsigned char sigs[64];
-  int stop = 0;
-  ssize_t n;
-  while ((n = read(signal_fd, sigs, sizeof sigs)) > 0)
-    for (ssize_t i = 0; i < n; ++i)
-      if (sigs[i] != SIGCHLD && stop == 0) stop = sigs[i];
-  return stop;
-}
 
 Assignment assign_ranks(const std::vector<int>& local_world_sizes, int node_rank) {
   Assignment a;
@@ -148,7 +139,7 @@ int StaticRendezvous::finish(int signal_fd) {
       }
       pollfd p{signal_fd, POLLIN, 0};
       if (poll(&p, 1, 200) > 0)
-        if (int sig = take_stop_signal(signal_fd)) return sig;  // the user wants out
+        if (int sig = pending_signal(signal_fd)) return sig;  // the user wants out
     }
   } catch (const std::exception& e) {
     // The job's outcome is already decided; report and move on.

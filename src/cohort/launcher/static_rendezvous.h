@@ -25,11 +25,6 @@ Assignment assign_ranks(const std::vector<int>& local_world_sizes, int node_rank
 // Fails with UsageError when `port` is taken on this host (0 is always free).
 void check_port_free(int port);
 
-// Reads every byte waiting on the launcher's non-blocking signal self-pipe (one byte
-// per signal) and returns the first that asks the launcher to stop, or 0: SIGCHLD
-// bytes only say that a worker exited.
-int take_stop_signal(int signal_fd);
-
 class StaticRendezvous {
  public:
   // Hosts the store (node 0) or connects to it (others). Throws UsageError for a

@@ -48,7 +48,7 @@ comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& opti
   set("MASTER_ADDR", attempt.store_addr);
   set_int("MASTER_PORT", attempt.store_port);
   set_int("TORCHELASTIC_RESTART_COUNT", attempt.restart_count);
-  set_int("TORCHELASTIC_MAX_RESTARTS", options.max_restarts);
+  set_int("TORCHELASTIC_MAX_RESTARTS", attempt.max_restarts.value_or(options.max_restarts));
   set("TORCHELASTIC_RUN_ID", attempt.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", error_file);

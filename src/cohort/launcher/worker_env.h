@@ -1,6 +1,7 @@
 #pragma once
 // The environment contract between the launcher and a worker: exactly the variables
 // torchrun sets, so a worker cannot tell cohort run from torchrun.
+#include <optional>
 #include <string>
 
 #include "cohort/comm/environment.h"
@@ -24,6 +25,9 @@ struct AttemptContext {
   int store_port = 0;      // exported as MASTER_PORT
   int restart_count = 0;
   std::string run_id;
+  // TORCHELASTIC_MAX_RESTARTS: the job's limit (the elastic rendezvous record's);
+  // options.max_restarts when unset.
+  std::optional<int> max_restarts;
 };
 
 // Note [Variables the launcher owns]
