@@ -282,7 +282,11 @@ TEST(ElasticFaults, KilledAgentLeavesTheSurvivorTrainingAtHalfTheWorld) {
   ASSERT_EQ(done.exit_code, 0) << describe(done);
   EXPECT_TRUE(contains(done.err, "a node left the job")) << done.err;
   EXPECT_FALSE(contains(done.err, "restarting the workers of every node")) << done.err;
-  EXPECT_TRUE(contains(done.err, "round 1: node 0 of 1, ranks 0..0 of 1 (failure restarts so far: 0 of 0;"))
+  // The round after the loss runs alone. (Which round that is depends on whether
+  // the second agent, started on a loaded machine, made round 0's last call.)
+  const auto left = done.err.find("a node left the job");
+  ASSERT_NE(left, std::string::npos) << done.err;
+  EXPECT_TRUE(contains(done.err.substr(left), ": node 0 of 1, ranks 0..0 of 1 (failure restarts so far: 0 of 0;"))
       << done.err;
   EXPECT_TRUE(contains(done.out, "\"world_size\":1")) << done.out;
   EXPECT_TRUE(all_gone(others_workers)) << "the killed agent's workers outlived it";
@@ -528,7 +532,7 @@ TEST(ElasticLauncher, WorkersExitingZeroOnAStopStillRestartForTheNewRound) {
 // Note [Restart pacing]: a program that fails at once is restarted after growing
 // pauses (0.1 s, then 1 s, 2 s, ...), under both rendezvous, rather than as fast as
 // it can fail.
-TEST(RestartPacing, ACrashLoopIsPacedWithGrowingPauses) {
+TEST(PacedRestarts, ACrashLoopIsPacedWithGrowingPauses) {
   for (const bool elastic : {false, true}) {
     std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--max-restarts", "3", "--monitor-interval", "0.1"};
     if (elastic) argv.push_back("--standalone");
@@ -542,7 +546,7 @@ TEST(RestartPacing, ACrashLoopIsPacedWithGrowingPauses) {
 }
 
 // Ctrl-C during a pause between restarts ends the launcher at once, with 130.
-TEST(RestartPacing, ASignalDuringThePauseEndsTheLauncherAtOnce) {
+TEST(PacedRestarts, ASignalDuringThePauseEndsTheLauncherAtOnce) {
   for (const bool elastic : {false, true}) {
     std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--max-restarts", "10", "--monitor-interval", "0.1"};
     if (elastic) argv.push_back("--standalone");
