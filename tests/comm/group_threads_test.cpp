@@ -127,6 +127,42 @@ TEST(ThreadWorld, TimeoutNamesTheRankThatDidNotArrive) {
   }
 }
 
+// Rank 0 waits in a broadcast while rank 1 waits in an all_reduce, both their
+// collective #2: every rank arrived, so the diagnosis must name the two
+// collectives, not blame the network.
+TEST(ThreadWorld, TimeoutInDifferentCollectivesNamesBoth) {
+  auto options = quick().timeout(3s).heartbeat_interval(500ms);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::atomic<int> verdicts{0};
+  std::vector<std::future<std::string>> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(std::async(std::launch::async, [=, &verdicts]() -> std::string {
+      auto world = World::init_with_store(store, r, 2, options);
+      world.group().barrier();
+      auto t = torch::ones({1});
+      std::string verdict = "no timeout";
+      try {
+        if (r == 0) world.group().broadcast(t, /*root=*/1);  // waits to receive from rank 1
+        else world.group().all_reduce(t);
+      } catch (const cohort::TimeoutError& e) {
+        EXPECT_EQ(e.missing_ranks(), std::vector<int>{1 - r});
+        verdict = e.what();
+      } catch (const std::exception& e) {
+        verdict = std::string("other error: ") + e.what();
+      }
+      ++verdicts;  // keep both worlds until both have their verdict
+      while (verdicts.load() < 2) std::this_thread::yield();
+      return verdict;
+    }));
+  auto m0 = ranks[0].get();
+  auto m1 = ranks[1].get();
+  EXPECT_NE(m0.find("ranks called different collectives: rank 0 in broadcast #2, rank 1 in all_reduce #2"),
+            std::string::npos) << m0;
+  EXPECT_NE(m1.find("ranks called different collectives: rank 1 in all_reduce #2, rank 0 in broadcast #2"),
+            std::string::npos) << m1;
+  for (const auto& m : {m0, m1}) EXPECT_EQ(m.find("transport stalled"), std::string::npos) << m;
+}
+
 TEST(ThreadWorld, JoinTimeoutNamesMissingRanks) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   try {

@@ -189,17 +189,19 @@ namespace {
 
 // Note [Join]'s round, without a group: the sum of what ranks 1 and 3 of 4 send.
 TEST(JoinRound, DecodesTheActiveRanksAndFlagsOfASummedRound) {
-  auto sum = cohort::ddp::encode_join_round(4, 1, true, true, false) +
-             cohort::ddp::encode_join_round(4, 3, true, true, true) +
-             cohort::ddp::encode_join_round(4, 0, /*active=*/false, true, true);
+  auto sum = cohort::ddp::encode_join_round(4, 1, true, true, false, false) +
+             cohort::ddp::encode_join_round(4, 3, true, true, true, true) +
+             cohort::ddp::encode_join_round(4, 0, /*active=*/false, true, true, true);
   auto round = cohort::ddp::decode_join_round(sum, 4);
   EXPECT_EQ(round.active_ranks, (std::vector<int>{1, 3}));
   EXPECT_EQ(round.authoritative(), 3);
   EXPECT_TRUE(round.grad_enabled);
   EXPECT_TRUE(round.sync);
-  auto done = cohort::ddp::decode_join_round(cohort::ddp::encode_join_round(4, 2, false, true, true), 4);
+  EXPECT_TRUE(round.sync_buffers);
+  auto done = cohort::ddp::decode_join_round(cohort::ddp::encode_join_round(4, 2, false, true, true, true), 4);
   EXPECT_EQ(done.active(), 0);
   EXPECT_FALSE(done.sync);
+  EXPECT_FALSE(done.sync_buffers);
 }
 
 }  // namespace

@@ -64,6 +64,9 @@ const Case kCases[] = {
     {"hook_user", {"hook", "--hook", "counting", "--cap", "1000"}, "hook counting"},
     {"join_divide_by_world", {"join"}, "join"},
     {"join_divide_by_active", {"join", "--divide-by-active", "--cap", "1000"}, "join"},
+    // Note [A step that failed]: every rank's backward throws in one step, skewed.
+    {"failed_step", {"failed_step", "--cap", "1000", "--first-cap", "300"}, "failed_step"},
+    {"failed_step_view", {"failed_step", "--view", "--cap", "2048", "--first-cap", "300"}, "failed_step"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DdpParity, ::testing::Combine(::testing::Values(2, 4), ::testing::ValuesIn(kCases)),

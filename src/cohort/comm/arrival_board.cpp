@@ -47,16 +47,20 @@ std::string ArrivalBoard::key(int position) const {
 
 std::int64_t ArrivalBoard::enter(const char* op) {
   std::lock_guard<std::mutex> lock(op_mu_);
-  std::strncpy(op_, op, sizeof op_ - 1);
-  return ++seq_;
+  ++seq_;
+  auto& slot = ops_[seq_ % kHistory];
+  std::strncpy(slot, op, sizeof slot - 1);
+  return seq_;
 }
 
+// "<seq> <unix ms> <op #seq> <op #seq-1> ..." (op names have no spaces).
 void ArrivalBoard::publish_now() {
   std::string value;
   {
     std::lock_guard<std::mutex> lock(op_mu_);
     published_seq_ = seq_;
-    value = std::to_string(seq_) + " " + std::to_string(unix_ms()) + " " + op_;
+    value = std::to_string(seq_) + " " + std::to_string(unix_ms());
+    for (std::int64_t s = seq_; s >= 0 && s > seq_ - kHistory; --s) value += std::string(" ") + ops_[s % kHistory];
   }
   try {
     store_->set(key(self_), util::to_bytes(value));
@@ -84,7 +88,7 @@ void ArrivalBoard::publish_loop() {
   }
 }
 
-std::vector<PeerStatus> ArrivalBoard::diagnose(std::int64_t seq) const {
+std::vector<PeerStatus> ArrivalBoard::diagnose(std::int64_t seq, const std::string& op) const {
   std::vector<PeerStatus> peers;
   const double stale_after = 3.0 * std::chrono::duration<double>(std::max(interval_, kTick)).count();
   // Each store call is bounded by the board connection's own timeout; one failure or
@@ -107,14 +111,21 @@ std::vector<PeerStatus> ArrivalBoard::diagnose(std::int64_t seq) const {
         std::istringstream in(util::from_bytes(raw));
         std::int64_t when = 0;
         in >> p.seq >> when;
-        std::getline(in >> std::ws, p.op);
+        std::vector<std::string> history;  // history[k] is what it called as #(p.seq - k)
+        for (std::string name; in >> name;) history.push_back(name);
+        if (!history.empty()) p.op = history.front();
         p.seconds_since_heartbeat = static_cast<double>(unix_ms() - when) / 1000.0;
-        if (p.seq >= seq)
+        const auto back = static_cast<std::size_t>(p.seq - seq);
+        if (p.seq >= seq && back < history.size() && history[back] != op) {
+          p.state = PeerStatus::State::kElsewhere;
+          p.op_at_seq = history[back];
+        } else if (p.seq >= seq) {
           p.state = PeerStatus::State::kArrived;
-        else if (p.seconds_since_heartbeat > stale_after)
+        } else if (p.seconds_since_heartbeat > stale_after) {
           p.state = PeerStatus::State::kSilent;
-        else
+        } else {
           p.state = PeerStatus::State::kBehind;
+        }
       }
     } catch (const std::exception&) {
       p.state = PeerStatus::State::kUnknown;
@@ -144,6 +155,9 @@ std::string ArrivalBoard::describe(const std::vector<PeerStatus>& peers) {
     out << "rank " << p.rank;
     std::snprintf(age, sizeof age, "%.1f", p.seconds_since_heartbeat);
     switch (p.state) {
+      case PeerStatus::State::kElsewhere:
+        out << " (called " << p.op_at_seq << " as that collective)";
+        break;
       case PeerStatus::State::kBehind:
         out << " (alive, but still at " << p.op << " #" << p.seq << ")";
         break;
@@ -159,6 +173,27 @@ std::string ArrivalBoard::describe(const std::vector<PeerStatus>& peers) {
     }
   }
   return out.str();
+}
+
+std::string ArrivalBoard::explain(int self, const std::string& op, std::int64_t seq,
+                                  const std::vector<PeerStatus>& peers) {
+  std::string elsewhere;
+  std::vector<PeerStatus> others;  // not arrived for another reason
+  for (const auto& p : peers) {
+    if (p.state == PeerStatus::State::kElsewhere)
+      elsewhere += ", rank " + std::to_string(p.rank) + " in " + p.op_at_seq + " #" + std::to_string(seq);
+    else if (p.state != PeerStatus::State::kArrived)
+      others.push_back(p);
+  }
+  if (!elsewhere.empty()) {
+    std::string out = "ranks called different collectives: rank " + std::to_string(self) + " in " + op + " #" +
+                      std::to_string(seq) + elsewhere;
+    if (!others.empty()) out += "; not arrived: " + describe(others);
+    return out;
+  }
+  if (!others.empty()) return "not arrived: " + describe(others);
+  return "every rank reached it, so the transport stalled: check the network between the hosts (firewall, "
+         "GLOO_SOCKET_IFNAME)";
 }
 
 }  // namespace cohort::comm

@@ -2,7 +2,8 @@
 // Note [Arrival board]
 // A collective that times out is only useful if the error says *who* did not come.
 // Every rank therefore publishes, in the store, the sequence number and name of the
-// last collective it entered on each group, plus a heartbeat time. A background
+// last collective it entered on each group, the names of the kHistory - 1 before
+// it, plus a heartbeat time. A background
 // thread does the writes, so a collective itself never waits on the store or wakes
 // a thread:
 //  * entering a collective copies its name and bumps the counter under an
@@ -13,8 +14,10 @@
 // blocking wait on the main connection (a sub-group's creation, Gloo's mesh set-up)
 // can never hold back a heartbeat and make a live rank look dead. diagnose() reads
 // the peers under one overall deadline.
-// When rank r times out in collective #n, diagnose(n) reads every peer's entry:
-//  - seq >= n                      -> it arrived (not missing);
+// When rank r times out in collective #n, diagnose(n, op) reads every peer's entry:
+//  - seq >= n, its #n was `op` (or is too far back to know) -> it arrived;
+//  - seq >= n, its #n was another collective -> "elsewhere": the ranks called
+//    different collectives, which no network problem explains;
 //  - seq <  n, heartbeat is fresh  -> alive but has not called #n ("behind");
 //  - heartbeat older than 3 beats  -> dead or frozen ("silent");
 //  - no entry at all               -> never started or died before publishing.
@@ -34,11 +37,12 @@
 namespace cohort::comm {
 
 struct PeerStatus {
-  enum class State { kArrived, kBehind, kSilent, kNeverSeen, kUnknown };
+  enum class State { kArrived, kElsewhere, kBehind, kSilent, kNeverSeen, kUnknown };
   int rank = 0;  // global rank
   State state = State::kUnknown;
   std::int64_t seq = 0;
   std::string op;
+  std::string op_at_seq;  // kElsewhere: what it called as the collective diagnosed
   double seconds_since_heartbeat = 0;
 };
 
@@ -56,12 +60,19 @@ class ArrivalBoard {
   // (1-based). `op` is copied (up to 31 characters).
   std::int64_t enter(const char* op);
 
-  // Reads every peer's entry. Never throws: an unreachable store gives kUnknown.
-  std::vector<PeerStatus> diagnose(std::int64_t seq) const;
+  // Reads every peer's entry, comparing what each called as collective #seq with
+  // `op`. Never throws: an unreachable store gives kUnknown.
+  std::vector<PeerStatus> diagnose(std::int64_t seq, const std::string& op) const;
 
   // "rank 3 (alive, still at barrier #4); rank 1 (no heartbeat for 12.0 s at ...)"
   static std::string describe(const std::vector<PeerStatus>& peers);
+  // The diagnosis of rank `self` (global) timing out in `op` #seq, one sentence:
+  // "ranks called different collectives: rank 0 in broadcast #9, rank 1 in
+  // all_reduce #9", "not arrived: <describe>", or, when every peer arrived,
+  // that the transport stalled.
+  static std::string explain(int self, const std::string& op, std::int64_t seq, const std::vector<PeerStatus>& peers);
   static std::vector<int> missing(const std::vector<PeerStatus>& peers);
+  static constexpr int kHistory = 8;
 
  private:
   void publish_loop();
@@ -74,9 +85,9 @@ class ArrivalBoard {
   int self_;
   std::chrono::milliseconds interval_;
 
-  std::mutex op_mu_;  // guards seq_ and op_
+  std::mutex op_mu_;  // guards seq_ and ops_
   std::int64_t seq_ = 0;
-  char op_[32] = "init";
+  char ops_[kHistory][32] = {"init"};  // collective #s was ops_[s % kHistory]
   std::int64_t published_seq_ = -1;  // publisher thread only
   std::mutex mu_;
   std::condition_variable cv_;

@@ -20,14 +20,10 @@ bool looks_like_timeout(const std::string& what) {
   auto where = fmt::format("{} #{} of group '{}' ({} ranks, backend {})", op, seq, g.name,
                            g.global_ranks.size(), g.backend->getBackendName());
   if (looks_like_timeout(backend_message)) {
-    auto peers = g.board->diagnose(seq);
+    auto peers = g.board->diagnose(seq, op);
     auto missing = ArrivalBoard::missing(peers);
-    auto who = ArrivalBoard::describe(peers);
     auto seconds = std::chrono::duration<double>(g.timeout).count();
-    std::string not_arrived =
-        who.empty() ? "every rank reached it, so the transport stalled: check the network between the hosts "
-                      "(firewall, GLOO_SOCKET_IFNAME)"
-                    : "not arrived: " + who;
+    auto not_arrived = ArrivalBoard::explain(g.global_rank, op, seq, peers);
     throw TimeoutError(
         fmt::format("cohort: rank {} timed out after {:.1f} s in {}.\n  {}.\n  fix: every rank must call the "
                     "same collectives in the same order; read the output of the ranks named above; if a step is "

@@ -102,17 +102,21 @@ void DistributedDataParallelBase::check_input_devices(const std::vector<at::Tens
 }
 
 void DistributedDataParallelBase::before_forward(const std::vector<at::Tensor>& inputs) {
+  reducer_->settle();  // Note [A step that failed]: before any collective of this forward
   check_input_devices(inputs);
   const bool grad = at::GradMode::is_enabled();
+  // Note [When buffers are synchronised]
+  const bool sync_buffers = options_.broadcast_buffers() && buffers_due_ && !buffers_.empty();
+  buffers_due_ = grad && require_sync_;
   int root = 0;
   divisor_ = group_.size();
   if (join_.active) {
-    auto round = join_round(true, grad, grad && require_sync_);
+    auto round = join_round(true, grad, grad && require_sync_, sync_buffers);
     root = round.authoritative();
     if (!join_.options.divide_by_initial_world_size()) divisor_ = round.active();
   }
   if (grad) reducer_->prepare_for_forward();
-  if (options_.broadcast_buffers()) broadcast_coalesced(group_, buffers_, root);
+  if (sync_buffers) broadcast_coalesced(group_, buffers_, root);
 }
 
 void DistributedDataParallelBase::after_forward(const std::vector<at::Tensor>& outputs) {
@@ -120,8 +124,8 @@ void DistributedDataParallelBase::after_forward(const std::vector<at::Tensor>& o
   reducer_->prepare_for_backward(outputs, require_sync_, divisor_);
 }
 
-JoinRound DistributedDataParallelBase::join_round(bool active, bool grad_enabled, bool sync) {
-  auto t = encode_join_round(group_.size(), group_.rank(), active, grad_enabled, sync)
+JoinRound DistributedDataParallelBase::join_round(bool active, bool grad_enabled, bool sync, bool sync_buffers) {
+  auto t = encode_join_round(group_.size(), group_.rank(), active, grad_enabled, sync, sync_buffers)
                .to(reducer_->parameters().front().device());
   group_.all_reduce(t);
   auto round = decode_join_round(t, group_.size());
@@ -149,11 +153,12 @@ void DistributedDataParallelBase::join(const std::function<void()>& loop, JoinOp
 }
 
 void DistributedDataParallelBase::shadow_until_all_joined() {
+  reducer_->settle();  // this rank's last step, if its backward failed
   while (true) {
-    auto round = join_round(false, false, false);
+    auto round = join_round(false, false, false, false);
     if (round.active() == 0) break;
     if (round.grad_enabled) reducer_->prepare_for_forward();
-    if (options_.broadcast_buffers()) broadcast_coalesced(group_, buffers_, round.authoritative());
+    if (round.sync_buffers) broadcast_coalesced(group_, buffers_, round.authoritative());
     if (round.sync)
       reducer_->shadow_backward(join_.options.divide_by_initial_world_size() ? group_.size() : round.active());
   }
@@ -163,6 +168,7 @@ void DistributedDataParallelBase::shadow_until_all_joined() {
     state.insert(state.end(), buffers_.begin(), buffers_.end());
     broadcast_coalesced(group_, state, join_.last_round->authoritative());
   }
+  buffers_due_ = true;  // the same on every rank, whatever each did before joining
 }
 
 }  // namespace cohort::ddp

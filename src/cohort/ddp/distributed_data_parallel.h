@@ -19,8 +19,11 @@
 // (each declares its own signature), so DistributedDataParallel<ModuleType> is a
 // template over the module holder: ddp.forward(args...) / ddp(args...) forwards any
 // arguments to module->forward and returns exactly its result type. Around that call
-// it runs before_forward (device check, bucket rebuild, buffer broadcast, join round)
-// and after_forward (arms the gradient hooks; walks the graph for unused parameters).
+// it runs before_forward (closing a step whose backward failed, device check, join
+// round, bucket rebuild, buffer broadcast when due) and after_forward (arms the
+// gradient hooks; walks the graph for unused parameters). Tensors are found in the
+// arguments and the result as tensor_visit.h describes; a result type it does not
+// know is a compile-time error.
 // Those two are public on DistributedDataParallelBase, the non-template part, for
 // code that cannot route its forward through the wrapper (a module called through
 // several methods, or a loss computed by sub-modules directly): call them yourself.
@@ -54,6 +57,15 @@ class DistributedDataParallelBase {
   // Call on every rank around each forward of the wrapped module, when not using
   // DistributedDataParallel<M>::forward. `inputs` are checked to be on the model's
   // device; `outputs` are where the graph walk for unused parameters starts.
+  //
+  // Note [When buffers are synchronised]
+  // With broadcast_buffers, rank 0's buffers (BatchNorm's running statistics) are
+  // broadcast before the first forward that follows a synchronised training
+  // forward (grad enabled, outside no_sync), and before the very first forward;
+  // not before the forwards after it, as in PyTorch 1.13. So the evaluation that
+  // follows a training step starts from rank 0's buffers, and ranks may then run
+  // different numbers of evaluation (no_grad) forwards: every rank has had one
+  // training forward before, so every rank broadcasts exactly once.
   void before_forward(const std::vector<at::Tensor>& inputs);
   void after_forward(const std::vector<at::Tensor>& outputs);
 
@@ -61,7 +73,7 @@ class DistributedDataParallelBase {
   // only accumulate into .grad; the first step after it reduces the sum.
   //   { auto guard = ddp.no_sync(); for (micro-batches but the last) { fwd; bwd; } }
   //   fwd; bwd;  opt.step();
-  class NoSync {
+  class [[nodiscard]] NoSync {
    public:
     explicit NoSync(DistributedDataParallelBase& ddp) : ddp_(ddp), previous_(ddp.require_sync_) {
       ddp.require_sync_ = false;
@@ -74,7 +86,8 @@ class DistributedDataParallelBase {
     DistributedDataParallelBase& ddp_;
     bool previous_;
   };
-  NoSync no_sync() { return NoSync(*this); }
+  // Discarding the guard would end it at once: `ddp.no_sync();` does nothing.
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
   // Runs `loop` (this rank's training loop) under Note [Join]. Every rank calls it.
   void join(const std::function<void()>& loop, JoinOptions options = JoinOptions());
@@ -88,7 +101,7 @@ class DistributedDataParallelBase {
 
  private:
   void check_input_devices(const std::vector<at::Tensor>& inputs) const;
-  JoinRound join_round(bool active, bool grad_enabled, bool sync);
+  JoinRound join_round(bool active, bool grad_enabled, bool sync, bool sync_buffers);
   void shadow_until_all_joined();
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -98,6 +111,7 @@ class DistributedDataParallelBase {
   std::vector<at::Tensor> buffers_;
   std::optional<c10::Device> device_;  // set when every parameter lives on one device
   bool require_sync_ = true;
+  bool buffers_due_ = true;  // Note [When buffers are synchronised]
   double divisor_ = 1;
 
   struct JoinState {
@@ -132,7 +146,7 @@ class DistributedDataParallel : public DistributedDataParallelBase {
   auto forward(Args&&... args) {
     before_forward(tensors_in(args...));
     auto output = module_->forward(std::forward<Args>(args)...);
-    after_forward(tensors_in(output));
+    after_forward(tensors_in_result(output));
     return output;
   }
   template <typename... Args>

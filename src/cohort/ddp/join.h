@@ -14,12 +14,13 @@
 // Note [Join]
 // While a join is in progress, every DDP forward starts with one small all-reduce (a
 // "round"): a vector with one slot per rank, set to 1 by ranks that still have data,
-// plus two flags: grad enabled and gradient sync expected. A rank whose loop ended
-// answers each round with zeros, then mirrors exactly the collectives the active
-// ranks issue in that step, in the same order: the bucket rebuild (if due), the buffer
-// broadcast (from the highest active rank, whose buffers are current), and, when the
-// step syncs gradients, the unused-parameter mask and every bucket, contributing
-// zeros. A round summing to zero means all ranks have joined. Every rank sees every
+// plus three flags: grad enabled, gradient sync expected, and buffers broadcast
+// (Note [When buffers are synchronised]). A rank whose loop ended answers each round
+// with zeros, then mirrors exactly the collectives the active ranks issue in that
+// step, in the same order: the bucket rebuild (if due), the buffer broadcast if
+// flagged (from the highest active rank, whose buffers are current), and, when the
+// step syncs gradients, the unused-parameter mask, every bucket (contributing zeros)
+// and the step's status (Note [A step that failed]). A round summing to zero means all ranks have joined. Every rank sees every
 // round, so all agree on which rank joined last; its parameters and buffers are
 // then broadcast, so all ranks finish with the same model.
 // The averaging divides by the world size (zeros from joined ranks included, as in
@@ -44,11 +45,13 @@ struct JoinRound {
   std::vector<int> active_ranks;
   bool grad_enabled = false;
   bool sync = false;
+  bool sync_buffers = false;
   int active() const { return static_cast<int>(active_ranks.size()); }
   int authoritative() const { return active_ranks.empty() ? 0 : active_ranks.back(); }
 };
 
-at::Tensor encode_join_round(int world_size, int rank, bool active, bool grad_enabled, bool sync);
+at::Tensor encode_join_round(int world_size, int rank, bool active, bool grad_enabled, bool sync,
+                             bool sync_buffers);
 JoinRound decode_join_round(const at::Tensor& summed, int world_size);
 
 }  // namespace cohort::ddp

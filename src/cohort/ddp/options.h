@@ -29,11 +29,14 @@ struct DistributedDataParallelOptions {
   // Module::zero_grad(false)) to keep the gradients in the buckets throughout.
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
   // Walk the autograd graph after each forward to find parameters that will get no
-  // gradient, and reduce them as zeros. Needed when forward skips parameters; it
-  // costs one graph walk and one small all-reduce per step.
+  // gradient, and reduce them as zeros. Needed when forward skips parameters, or the
+  // loss ignores some of forward's outputs (their parameters, found at the end of
+  // backward, are reduced as zeros then); it costs one graph walk and one small
+  // all-reduce per step.
   TORCH_ARG(bool, find_unused_parameters) = false;
-  // Broadcast buffers (e.g. BatchNorm's running statistics) from rank 0 before every
-  // forward, so that every rank evaluates the same model.
+  // Broadcast buffers (e.g. BatchNorm's running statistics) from rank 0 before the
+  // first forward after each synchronised training forward, so that every rank
+  // trains and evaluates the same model (Note [When buffers are synchronised]).
   TORCH_ARG(bool, broadcast_buffers) = true;
   // Promise that every iteration uses the same parameters: the set of unused
   // parameters is found once, in the first iteration, instead of by a graph walk in

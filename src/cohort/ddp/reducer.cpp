@@ -14,16 +14,6 @@
 
 namespace cohort::ddp {
 
-struct Reducer::BucketState {
-  at::Tensor buffer;
-  std::vector<std::size_t> params;
-  std::vector<at::Tensor> views;  // one per parameter, in params' order
-  std::size_t pending = 0;        // gradients still missing this iteration
-  bool launched = false;
-  std::shared_ptr<GradBucket> in_flight;  // what the hook was given; lives until wait()
-  BucketWork work;
-};
-
 namespace {
 
 // Runs after a parameter's AccumulateGrad node: .grad now holds this step's gradient.
@@ -53,13 +43,6 @@ at::Tensor bucket_slice(const at::Tensor& buffer, std::int64_t offset, const at:
   return slice;
 }
 
-std::string join_names(const std::vector<std::string>& names, std::size_t limit = 10) {
-  std::string out;
-  for (std::size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > limit) out += fmt::format(", ... ({} in all)", names.size());
-  return out;
-}
-
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, comm::Group group,
@@ -68,7 +51,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       names_(std::move(names)),
       group_(std::move(group)),
       options_(std::move(options)),
-      hook_(options_.comm_hook() ? options_.comm_hook() : all_reduce_hook()) {
+      hook_(options_.comm_hook() ? options_.comm_hook() : all_reduce_hook()),
+      status_(group_, params_.empty() ? c10::Device(c10::kCPU) : params_.front().device()) {
   TORCH_INTERNAL_ASSERT(params_.size() == names_.size());
   if (params_.empty())
     throw ConfigError("cohort DDP: the module has no parameter that requires grad, so there is nothing to "
@@ -145,6 +129,7 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
 }
 
 void Reducer::prepare_for_forward() {
+  settle();
   std::lock_guard<std::mutex> lock(mutex_);
   if (rebuild_due_ && !rebuilt_) rebuild();
 }
@@ -168,8 +153,8 @@ void Reducer::rebuild() {
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool sync, double divisor) {
+  settle();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (phase_ == Phase::kSync) abandon_iteration(/*wait_launched=*/!hooks_fired_);
   callback_queued_ = false;  // no backward runs now; a failed one never ran its callback
   set_divisor(divisor);
   phase_ = sync ? Phase::kSync : Phase::kNoSync;
@@ -224,14 +209,6 @@ void Reducer::launch_unused_mask() {
   unused_mask_work_ = group_.all_reduce_async(unused_mask_);
 }
 
-std::vector<bool> Reducer::take_unused_mask() {
-  unused_mask_work_.wait();
-  auto counts = unused_mask_.cpu().contiguous();
-  unused_mask_ = at::Tensor();
-  const int* used_by = counts.data_ptr<int>();
-  return std::vector<bool>(used_by, used_by + params_.size());  // nonzero: some rank used it
-}
-
 void Reducer::end_step() {
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
   if (!rebuilt_) rebuild_due_ = true;
@@ -254,9 +231,10 @@ void Reducer::on_gradient_ready(std::size_t index) {
     if (options_.static_graph() && !static_used_[index])
       throw ConfigError(fmt::format(
           "cohort DDP (rank {}): static_graph(true) was set, but parameter '{}' was unused in the first step "
-          "and got a gradient now. The set of used parameters changes between steps: turn static_graph off "
-          "and set find_unused_parameters(true)",
-          group_.rank(), names_[index]));
+          "and got a gradient now. The set of used parameters changes between steps: turn static_graph off{}",
+          group_.rank(), names_[index],
+          options_.find_unused_parameters() ? " (find_unused_parameters is on already and then takes over)"
+                                            : " and set find_unused_parameters(true)"));
     throw ConfigError(fmt::format(
         "cohort DDP (rank {}): parameter '{}' received its gradient twice in one step (a second backward "
         "over the same forward, or reentrant backward). Run one backward per DDP forward, or wrap the extra "
@@ -310,108 +288,6 @@ void Reducer::launch_ready_buckets() {
     if (options_.record_timings()) timings_.buckets[next_bucket_].launched_s = elapsed();
     ++next_bucket_;
   }
-}
-
-void Reducer::finalize_backward() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  callback_queued_ = false;
-  if (phase_ != Phase::kSync) return;
-  if (options_.record_timings()) timings_.backward_end_s = elapsed();
-  if (next_bucket_ < buckets_.size()) {
-    auto missing = names_not_ready();
-    abandon_iteration(/*wait_launched=*/false);
-    throw ConfigError(fmt::format(
-        "cohort DDP (rank {}): backward finished, but {} parameter(s) received no gradient in this step: {}. "
-        "DDP reduces gradients in buckets and cannot tell a gradient that never comes from a late one. Fix: "
-        "make every parameter contribute to the loss, or construct DDP with "
-        "DistributedDataParallelOptions().find_unused_parameters(true) (or .static_graph(true) when the same "
-        "parameters are unused in every step)",
-        group_.rank(), missing.size(), join_names(missing)));
-  }
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    if (options_.record_timings()) note_completions(elapsed());
-    buckets_[b].work.wait();
-    buckets_[b].in_flight.reset();
-    if (options_.record_timings() && timings_.buckets[b].done_s < 0) timings_.buckets[b].done_s = elapsed();
-  }
-  std::vector<bool> globally_used(params_.size(), true);
-  if (unused_mask_.defined()) {
-    globally_used = take_unused_mask();
-    if (options_.static_graph()) static_globally_used_ = globally_used;
-  } else if (options_.static_graph()) {
-    // The first step's answer holds for every step; if that step never completed,
-    // static_graph's promise makes the local answer the global one.
-    globally_used = static_globally_used_.empty() ? static_used_ : static_globally_used_;
-  }
-
-  at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < params_.size() && !identity_; ++i) {
-    if (!globally_used[i]) continue;  // nobody used it: leave .grad as it was, like a local step
-    auto& grad = params_[i].mutable_grad();
-    if (options_.gradient_as_bucket_view()) {
-      if (!grad.defined() || !grad.is_alias_of(views_[i])) grad = views_[i];
-    } else if (grad.defined()) {
-      grad.copy_(views_[i]);
-    } else {
-      grad = views_[i].clone();
-    }
-  }
-  end_step();
-  if (options_.record_timings()) timings_.finalize_end_s = elapsed();
-}
-
-void Reducer::shadow_backward(double divisor) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (phase_ == Phase::kSync) abandon_iteration(/*wait_launched=*/!hooks_fired_);
-  callback_queued_ = false;
-  set_divisor(divisor);
-  reset_timings();
-  const bool static_first = options_.static_graph() && !static_unused_known_;
-  if (options_.find_unused_parameters() || static_first) {
-    std::fill(locally_used_.begin(), locally_used_.end(), false);
-    launch_unused_mask();
-  }
-  next_bucket_ = 0;
-  for (auto& b : buckets_) {
-    b.buffer.zero_();
-    b.pending = 0;
-  }
-  launch_ready_buckets();
-  for (auto& b : buckets_) {
-    b.work.wait();
-    b.in_flight.reset();
-  }
-  if (unused_mask_.defined()) {
-    auto used = take_unused_mask();
-    if (static_first) {  // the others' first step: what they use is the static set
-      static_used_ = static_globally_used_ = used;
-      static_unused_known_ = true;
-    }
-  }
-  end_step();
-}
-
-// Forgets the step in progress. With `wait_launched` (a forward that had no
-// backward: every rank issued the same reductions, so they complete), reductions
-// already started are waited for, so none still writes into a bucket the next step
-// uses. Otherwise (a backward failed or differed across ranks) they are dropped:
-// other ranks may never match them, and waiting would only end in a timeout.
-void Reducer::abandon_iteration(bool wait_launched) {
-  if (wait_launched) {
-    for (auto& b : buckets_)
-      if (b.launched) b.work.wait();
-    unused_mask_work_.wait();
-  }
-  callback_queued_ = false;
-  for (auto& b : buckets_) {
-    b.work = BucketWork();
-    b.in_flight.reset();
-    b.launched = false;
-  }
-  unused_mask_ = at::Tensor();
-  unused_mask_work_ = comm::Pending();
-  next_bucket_ = 0;
-  phase_ = Phase::kIdle;
 }
 
 std::vector<std::string> Reducer::names_not_ready() const {

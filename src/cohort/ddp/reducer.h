@@ -8,8 +8,11 @@
 //   prepare_for_backward(outputs)  arm the hooks; mark unused parameters ready
 //   ... backward: each gradient accumulator's post-hook copies the gradient into its
 //       bucket; a full bucket's reduction starts at once, in plan order
-//   finalize (an autograd callback at the end of backward): wait for every bucket,
-//       write the averages back to .grad
+//   finalize (an autograd callback at the end of backward): launch the step's
+//       status, wait for every bucket, write the averages back to .grad
+//   settle()                       at the next forward: close a step whose
+//       backward failed part-way (Note [A step that failed], step_status.h)
+// How a step ends (completed, mirrored under join, failed) is in step_end.cpp.
 //
 // Note [Rebuilding buckets]
 // The first plan assumes gradients arrive in reverse registration order. During the
@@ -42,6 +45,7 @@
 #include "cohort/ddp/bucket_plan.h"
 #include "cohort/ddp/comm_hook.h"
 #include "cohort/ddp/options.h"
+#include "cohort/ddp/step_status.h"
 #include "cohort/ddp/timings.h"
 
 namespace cohort::ddp {
@@ -55,6 +59,10 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
+  // Call on every rank at the start of every forward, with grad or without: closes
+  // a synchronised step whose backward failed part-way, waiting (bounded) for its
+  // collectives (Note [A step that failed]). Free when there is none.
+  void settle();
   // Collective when a rebuild is due (Note [Rebuilding buckets]); call on every rank
   // before a forward with grad enabled.
   void prepare_for_forward();
@@ -77,19 +85,37 @@ class Reducer {
   void finalize_backward();
 
  private:
-  struct BucketState;
+  struct BucketState {
+    at::Tensor buffer;
+    std::vector<std::size_t> params;
+    std::vector<at::Tensor> views;  // one per parameter, in params' order
+    std::size_t pending = 0;        // gradients still missing this iteration
+    bool launched = false;
+    std::shared_ptr<GradBucket> in_flight;  // what the hook was given; lives until wait()
+    BucketWork work;
+  };
   enum class Phase { kIdle, kNoSync, kSync };
 
   void build_buckets(const std::vector<std::size_t>& order);
   void rebuild();
   void mark_ready(std::size_t index);
   void launch_ready_buckets();
+  void launch_remaining_buckets();
   void launch_unused_mask();
   // Waits for the mask; true where some rank used the parameter.
   std::vector<bool> take_unused_mask();
   void end_step();
   void set_divisor(double divisor);
   void abandon_iteration(bool wait_launched);
+  // Launches what this rank's failed backward did not, marks it failed, waits for
+  // everything and forgets the step (Note [A step that failed]).
+  void close_failed_step();
+  // Waits for every launched bucket, the mask and the status; on an error drops
+  // the rest and leaves the reducer idle. Returns the ranks whose backward failed.
+  std::vector<int> wait_for_step();
+  // Parameters without a gradient at the end of backward, under
+  // find_unused_parameters or static_graph: unused in this step.
+  void mark_missing_unused();
   void reset_timings();
   void note_completions(double now);
   double elapsed() const;
@@ -101,6 +127,7 @@ class Reducer {
   DistributedDataParallelOptions options_;
   std::shared_ptr<CommHook> hook_;
   bool identity_ = false;  // Note [A group of one]
+  StepStatus status_;      // Note [A step that failed]
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
 

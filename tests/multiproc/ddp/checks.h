@@ -81,5 +81,6 @@ int run_cnn_parity(const WorkerArgs& a, comm::World& world);
 int run_no_sync(const WorkerArgs& a, comm::World& world);
 int run_hook(const WorkerArgs& a, comm::World& world);
 int run_join(const WorkerArgs& a, comm::World& world);
+int run_failed_step(const WorkerArgs& a, comm::World& world);
 
 }  // namespace cohort::testing

@@ -2,7 +2,7 @@
 // `cohort run`. Every rank trains with DDP on its slice of each global batch and,
 // in the same process, replays the single-process reference on the whole batch;
 // it prints "<scenario> ok ..." when they agree and exits 1 otherwise.
-//   ddp_worker parity|no_sync|hook|join|mismatch|unused_error|device [flags]
+//   ddp_worker parity|no_sync|hook|join|failed_step|mismatch|unused_error|device [flags]
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   if (args.scenario == "no_sync") return run_no_sync(args, world);
   if (args.scenario == "hook") return run_hook(args, world);
   if (args.scenario == "join") return run_join(args, world);
+  if (args.scenario == "failed_step") return run_failed_step(args, world);
   if (args.scenario == "mismatch") return mismatch(world);
   if (args.scenario == "unused_error") return unused_error(world);
   if (args.scenario == "device") return wrong_device(world);

@@ -1,0 +1,63 @@
+#pragma once
+// Whether every rank's backward completed a synchronised step. The reducer launches
+// this tiny all-reduce once per synchronised step, after its last bucket, so that
+// a rank whose backward completed learns that a peer's failed (its buckets then
+// hold a partial average) instead of applying it.
+//
+// Note [A step that failed]
+// A backward can throw part-way (a hook that skips a batch, an out-of-memory), and
+// training loops catch it and go on. By then some buckets' reductions have started
+// on this rank and are matched, by order, with the peers' collectives. Dropping
+// them would let the next step's gradient copies race with reductions still
+// writing into the same buckets, and leave the ranks' collective sequences out of
+// step. So a synchronised step is always *closed* with the same collectives on
+// every rank: every bucket, in plan order, then this status.
+//  * A rank whose backward completed closes it at the end of backward, as usual.
+//  * A rank whose backward failed after some gradient arrived closes it at the
+//    start of its next DDP forward (any forward, with or without grad): it launches
+//    the buckets its backward did not reach (their contents are never used), sets
+//    its slot of the status, and waits for everything, bounded by the group's
+//    timeout. Buckets are reused only after that wait. With bucket views, .grad is
+//    bucket memory that those reductions wrote into, perhaps after the training
+//    loop zeroed it: it is zeroed again once they are done.
+//  * Every rank then reads the status. Where some rank failed, the step's averages
+//    are discarded on every rank: a rank whose backward completed throws CommError
+//    naming the failed ranks from its backward (skip the step there too), and no
+//    .grad is written. The next step synchronises exactly.
+// A backward that fails before any parameter's gradient arrived cannot be told
+// from a forward that had no backward: nothing of it is closed. If the peers
+// completed that step, they time out in it, naming this rank.
+// The cost: one all-reduce of world-size ints per synchronised step, launched after
+// the last bucket, so it rides behind the gradients' communication.
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "cohort/comm/group.h"
+
+namespace cohort::ddp {
+
+class StepStatus {
+ public:
+  StepStatus(comm::Group group, c10::Device device);
+
+  // Launches this rank's part; `failed` is whether its backward failed. A group of
+  // one has no peer to tell, and launches nothing.
+  void launch(bool failed);
+  bool launched() const { return launched_; }
+  // Waits (bounded); the group ranks whose backward failed, ascending.
+  std::vector<int> wait();
+  // Forgets a launched status without waiting (the group is broken anyway).
+  void drop();
+
+ private:
+  comm::Group group_;
+  at::Tensor flags_;  // one int per rank
+  comm::Pending work_;
+  bool launched_ = false;
+};
+
+// Pure: the ranks whose slot is set in a summed status.
+std::vector<int> failed_ranks(const at::Tensor& summed);
+
+}  // namespace cohort::ddp
