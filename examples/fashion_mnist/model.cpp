@@ -11,9 +11,33 @@ FashionNetImpl::FashionNetImpl()
       fc1_(register_module("fc1", torch::nn::Linear(kConv2 * 7 * 7, kHidden))),
       fc2_(register_module("fc2", torch::nn::Linear(kHidden, 10))) {}
 
+double FashionNetImpl::training_flops_per_sample() {
+  const double conv1 = 28.0 * 28 * kConv1 * (1 * 3 * 3);  // multiply-adds per sample
+  const double conv2 = 14.0 * 14 * kConv2 * (kConv1 * 3 * 3);
+  const double fc = kConv2 * 7.0 * 7 * kHidden + kHidden * 10.0;
+  return 3 * 2 * (conv1 + conv2 + fc);
+}
+
+void FashionNetImpl::use_channels_last() {
+  torch::NoGradGuard no_grad;
+  // Note [Channels-last with one channel]: contiguous(ChannelsLast) returns conv1's
+  // [32, 1, 3, 3] weight unchanged, since with one input channel both layouts hold
+  // the same bytes; but oneDNN picks its kernel's layout from the strides, and
+  // those still say NCHW. A copy made channels-last gets NHWC strides.
+  for (auto* conv : {&conv1_, &conv2_}) {
+    auto& w = (*conv)->weight;
+    w.set_data(w.data().to(w.options(), /*non_blocking=*/false, /*copy=*/true, torch::MemoryFormat::ChannelsLast));
+  }
+  channels_last_ = true;
+}
+
+// Note [Pool, then ReLU]: max pooling and ReLU commute exactly (both pick or clamp
+// values, neither rounds), and so do their gradients, so pooling first computes the
+// same network with ReLU and its backward on a quarter of the elements.
 torch::Tensor FashionNetImpl::forward(torch::Tensor x) {
-  x = torch::max_pool2d(torch::relu(conv1_(x)), 2);
-  x = torch::max_pool2d(torch::relu(conv2_(x)), 2);
+  if (channels_last_) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  x = torch::relu(torch::max_pool2d(conv1_(x), 2));
+  x = torch::relu(torch::max_pool2d(conv2_(x), 2));
   return fc2_(torch::relu(fc1_(x.flatten(1))));
 }
 

@@ -44,6 +44,15 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
                "same final weights, also across a resume");
   app.add_option("--log-interval", o.log_interval_s, "Seconds between progress lines when not on a terminal")
       ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--memory-format", o.memory_format,
+                 "Layout of the convolutions: channels-last (NHWC, faster with oneDNN) or contiguous (NCHW)")
+      ->check(CLI::IsMember({"channels-last", "contiguous"}));
+  app.add_option("--straggler-every", o.straggler_every,
+                 "Steps between straggler reports (each rank's median and p90 step time); 0: at the end only")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--straggler-threshold", o.straggler_threshold,
+                 "Name the ranks slower than the fastest by more than this fraction")
+      ->check(CLI::Range(0.0, 100.0));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

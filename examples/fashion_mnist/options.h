@@ -23,6 +23,9 @@ struct TrainerOptions {
   std::string device = "cpu";  // cpu | cuda | auto
   bool deterministic = false;
   double log_interval_s = 5.0;  // seconds between plain progress lines
+  std::string memory_format = "channels-last";  // channels-last | contiguous (conv weights and input)
+  std::int64_t straggler_every = 0;  // steps between straggler reports; 0: at the end only
+  double straggler_threshold = 0.2;  // a rank over 20% slower than the fastest is named
 };
 
 // Parses argv. Returns nullopt after printing help. On a bad flag, prints what is

@@ -19,7 +19,9 @@
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/errors.h"
 #include "evaluate.h"
+#include "cohort/trace/step_profiler.h"
 #include "model.h"
+#include "performance.h"
 #include "progress.h"
 
 namespace fashion_mnist {
@@ -90,6 +92,7 @@ int train(const TrainerOptions& o) {
   torch::manual_seed(o.seed);
   FashionNet model;
   model->to(device);
+  if (o.memory_format == "channels-last") model->use_channels_last();
   auto optimizer = make_optimizer(o, model);
   cohort::data::DistributedSampler sampler(
       train_set.size().value(),
@@ -117,7 +120,10 @@ int train(const TrainerOptions& o) {
   // epoch_step is for people, never used to resume.
   // Every rank now holds the same weights; the wrapper checks that and broadcasts
   // rank 0's anyway.
-  cohort::ddp::DistributedDataParallel ddp(model, world.group());
+  cohort::ddp::DistributedDataParallel ddp(model, world.group(),
+                                          cohort::ddp::DistributedDataParallelOptions().record_timings(true));
+  cohort::trace::StepProfiler profiler(world.timeline());
+  std::size_t reported_steps = 0;  // step times already in a periodic straggler report
   auto loader = torch::data::make_data_loader(
       train_set, sampler, torch::data::DataLoaderOptions().batch_size(static_cast<std::size_t>(o.batch_size)));
 
@@ -162,14 +168,30 @@ int train(const TrainerOptions& o) {
     if (o.limit_train_batches > 0) steps_in_epoch = std::min(steps_in_epoch, o.limit_train_batches);
     // Stop at the limit without asking the loader for one more batch, which would
     // move the sampler past what was trained.
-    for (auto it = epoch_step < steps_in_epoch ? loader->begin() : loader->end(); it != loader->end(); ++it) {
+    auto it = loader->end();
+    if (epoch_step < steps_in_epoch) {
+      auto p = profiler.phase("data");
+      it = loader->begin();
+    }
+    for (; it != loader->end();) {
+      profiler.begin_step(progress.step + 1);
       auto& batch = *it;
       const double fraction = (static_cast<double>(epoch * epoch_samples) + done) / run_samples;
       optimizer->param_groups()[0].options().set_lr(learning_rate(o, fraction));
-      optimizer->zero_grad();
-      auto loss = torch::nn::functional::cross_entropy(ddp(batch.data.to(device)), batch.target.to(device));
-      loss.backward();
-      optimizer->step();
+      torch::Tensor loss;
+      {
+        auto p = profiler.phase("forward");
+        optimizer->zero_grad();
+        loss = torch::nn::functional::cross_entropy(ddp(batch.data.to(device)), batch.target.to(device));
+      }
+      {
+        auto p = profiler.phase("backward");
+        loss.backward();
+      }
+      {
+        auto p = profiler.phase("optimizer");
+        optimizer->step();
+      }
       ++progress.step;
       ++epoch_step;
       const std::int64_t trained = static_cast<std::int64_t>(batch.data.size(0)) * world_size;
@@ -191,7 +213,25 @@ int train(const TrainerOptions& o) {
       const bool last = epoch_step >= steps_in_epoch;
       if (checkpointer && !last &&
           (stopped || (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0))) {
+        auto p = profiler.phase("checkpoint");
         save(epoch, epoch_step);
+      }
+      if (!last && !stopped) {
+        auto p = profiler.phase("data");
+        ++it;
+      }
+      // The time DDP waited for the other ranks' gradients is theirs, not this rank's
+      // (Note [Straggler step times]).
+      const auto& t = ddp.last_timings();
+      profiler.end_step(t.finalize_end_s > t.backward_end_s ? t.finalize_end_s - t.backward_end_s : 0);
+      if (o.straggler_every > 0 && progress.step % o.straggler_every == 0) {
+        pause();
+        report_stragglers(profiler, reported_steps, world, device, o,
+                          fmt::format("straggler report, steps {}-{}:", progress.step - o.straggler_every + 1,
+                                      progress.step),
+                          false);
+        reported_steps = profiler.work_times().size();
+        resume();
       }
       if (last || stopped) break;
     }
@@ -200,7 +240,10 @@ int train(const TrainerOptions& o) {
     progress.epoch = epoch + 1;
     progress.epoch_step = 0;
     pause();
-    last_eval = evaluate(model, test_set, world.group(), device);
+    {
+      cohort::trace::Span span(world.timeline().get(), "evaluate");
+      last_eval = evaluate(model, test_set, world.group(), device);
+    }
     evaluated = true;
     if (lead) {
       bar.finish_line();
@@ -217,6 +260,8 @@ int train(const TrainerOptions& o) {
   pause();
   if (lead) bar.finish_line();
   if (!evaluated) last_eval = evaluate(model, test_set, world.group(), device);
+  report_stragglers(profiler, 0, world, device, o,
+                    fmt::format("straggler report, all {} steps of this run:", profiler.steps()), true);
 
   // Rank 0 writes the final weights; every rank learns whether that worked, and the
   // largest worker's peak memory, in one all-reduce.
@@ -251,6 +296,7 @@ int train(const TrainerOptions& o) {
         {"samples", samples_this_run},
         {"device", device.str()},
     };
+    summary.update(performance_summary(profiler, samples_this_run / std::max(train_s, 1e-9), world, device));
     std::cout << summary.dump() << std::endl;
   }
   return 0;

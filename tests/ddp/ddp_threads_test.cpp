@@ -48,6 +48,38 @@ TEST(DdpThreads, WorldsOfOneAndTwoAverageGradientsLikeOneProcessOnTheWholeBatch)
   }
 }
 
+// Note [Bucket views keep the parameter's layout]: channels-last convolution weights
+// average like any others, their gradients keep the parameter's layout, and under
+// gradient_as_bucket_view they alias the bucket.
+TEST(DdpThreads, ChannelsLastWeightsAverageAndKeepTheirLayout) {
+  torch::manual_seed(0);
+  auto conv = [] { return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)),
+                                                torch::nn::Flatten(), torch::nn::Linear(4 * 4 * 4, 2)); };
+  auto reference = conv();
+  auto x = torch::randn({4, 3, 6, 6}).contiguous(torch::MemoryFormat::ChannelsLast);
+  auto expected = local_grads(reference, x);
+  for (bool view : {false, true}) {
+    run_thread_world(2, [&](cohort::comm::World& world) {
+      auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference->clone());
+      auto& weight = model->ptr<torch::nn::Conv2dImpl>(0)->weight;
+      {
+        torch::NoGradGuard no_grad;
+        weight.set_data(weight.data().contiguous(torch::MemoryFormat::ChannelsLast));
+      }
+      DistributedDataParallel ddp(torch::nn::Sequential(model), world.group(),
+                                  DistributedDataParallelOptions().gradient_as_bucket_view(view));
+      for (int step = 0; step < 2; ++step) {
+        ddp.module()->zero_grad();
+        ddp(x.chunk(2)[world.rank()]).pow(2).mean().backward();
+        auto params = ddp.module()->parameters();
+        for (std::size_t i = 0; i < params.size(); ++i)
+          EXPECT_TRUE(torch::allclose(params[i].grad(), expected[i], 1e-5, 1e-6)) << "view " << view << " param " << i;
+        EXPECT_TRUE(weight.grad().is_contiguous(torch::MemoryFormat::ChannelsLast)) << "view " << view;
+      }
+    });
+  }
+}
+
 // A layer that only rank 0 uses: the other ranks contribute zeros to its average.
 struct BranchyImpl : torch::nn::Cloneable<BranchyImpl> {
   BranchyImpl() { reset(); }

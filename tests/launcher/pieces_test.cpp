@@ -1,6 +1,7 @@
 // The launcher's pure pieces: worker environment, line splitting, rank assignment,
 // failure summaries.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -50,12 +51,29 @@ TEST(WorkerEnv, TheJobsRestartLimitOutranksTheAgentsFlag) {
   EXPECT_EQ(worker_environment({}, o, slot, ctx, "/tmp/e.json")["TORCHELASTIC_MAX_RESTARTS"], "1");
 }
 
-TEST(WorkerEnv, KeepsTheUsersThreadCountAndOneWorkerAlone) {
+// Note [Threads per worker]
+TEST(WorkerEnv, ThreadPoolsOneThreadEachForSeveralWorkersEveryCoreForOne) {
   RunOptions o;
   WorkerSlot many{0, 0, 2, 2, 0, 1};
-  EXPECT_EQ(worker_environment({{"OMP_NUM_THREADS", "4"}}, o, many, {}, "e")["OMP_NUM_THREADS"], "4");
+  auto env = worker_environment({}, o, many, {}, "e");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+  EXPECT_EQ(env["OPENBLAS_NUM_THREADS"], "1");
+  env = worker_environment({{"OMP_NUM_THREADS", "4"}}, o, many, {}, "e");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "4");
+  EXPECT_EQ(env["OPENBLAS_NUM_THREADS"], "4");  // OpenBLAS follows the user's choice
+  env = worker_environment({{"OPENBLAS_NUM_THREADS", "3"}}, o, many, {}, "e");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+  EXPECT_EQ(env["OPENBLAS_NUM_THREADS"], "3");
+
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  const std::string cores = std::to_string(CPU_COUNT(&set));
   WorkerSlot one{0, 0, 1, 1, 0, 1};
-  EXPECT_EQ(worker_environment({}, o, one, {}, "e").count("OMP_NUM_THREADS"), 0u);
+  env = worker_environment({}, o, one, {}, "e");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], cores);
+  EXPECT_EQ(env["OPENBLAS_NUM_THREADS"], cores);
+  EXPECT_EQ(worker_environment({{"OMP_NUM_THREADS", "1"}}, o, one, {}, "e")["OPENBLAS_NUM_THREADS"], "1");
 }
 
 TEST(WorkerEnv, NcclAsyncErrorHandlingUnderBothNames) {

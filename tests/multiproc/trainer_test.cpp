@@ -32,7 +32,10 @@ std::vector<std::string> trainer(int nproc, const std::vector<std::string>& args
 }
 
 cohort::testing::ProcessResult run_trainer(int nproc, const std::vector<std::string>& args) {
-  return cohort::testing::run_process(trainer(nproc, args), 240s, {{"COHORT_TIMEOUT", "60"}});
+  // One thread per worker at every world size, so that worlds are compared on the
+  // data they train on, not on thread counts (Note [One thread per worker] in
+  // elastic_test.cpp).
+  return cohort::testing::run_process(trainer(nproc, args), 240s, {{"COHORT_TIMEOUT", "60"}, {"OMP_NUM_THREADS", "1"}});
 }
 
 std::string describe(const cohort::testing::ProcessResult& r) {

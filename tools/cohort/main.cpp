@@ -1,4 +1,4 @@
-// The `cohort` command: `cohort run` (the launcher) and `cohort info`.
+// The `cohort` command: `cohort run` (the launcher), `cohort info` and `cohort trace`.
 #include <fmt/format.h>
 
 #include <iostream>
@@ -9,6 +9,7 @@
 #include "cohort/launcher/agent.h"
 #include "cohort/launcher/cli.h"
 #include "info_command.h"
+#include "trace_command.h"
 
 namespace {
 
@@ -18,8 +19,10 @@ constexpr const char* kUsage =
     "commands:\n"
     "  run    start a program as a group of training workers (torchrun-compatible);\n"
     "         see `cohort run --help`\n"
-    "  info   print the LibTorch version, the backends compiled in and the devices seen\n"
-    "         (--json for a machine-readable line)\n"
+    "  info   print the LibTorch version, the backends compiled in, the devices seen, the\n"
+    "         BLAS and thread settings and a measured GEMM rate (--json: one machine-readable\n"
+    "         line; --no-gemm: skip the measurement)\n"
+    "  trace  `trace merge DIR OUT.json`: merge the ranks' timelines of `cohort run --timeline DIR`\n"
     "  --version\n";
 
 int run_command(const std::vector<std::string>& args) {
@@ -44,13 +47,20 @@ int main(int argc, char** argv) {
   try {
     if (command == "run") return run_command(args);
     if (command == "info") {
-      bool json = !args.empty() && args[0] == "--json";
-      if (args.size() > (json ? 1u : 0u)) {
-        std::cerr << "cohort info: unexpected argument '" << args.back() << "'; usage: cohort info [--json]\n";
-        return 2;
+      cohort::tools::InfoOptions options;
+      for (const auto& a : args) {
+        if (a == "--json") {
+          options.json = true;
+        } else if (a == "--no-gemm") {
+          options.measure_gemm = false;
+        } else {
+          std::cerr << "cohort info: unexpected argument '" << a << "'; usage: cohort info [--json] [--no-gemm]\n";
+          return 2;
+        }
       }
-      return cohort::tools::info_command(json, std::cout);
+      return cohort::tools::info_command(options, std::cout, std::cerr);
     }
+    if (command == "trace") return cohort::tools::trace_command(args, std::cout, std::cerr);
     if (command == "--version") {
       std::cout << "cohort " << COHORT_VERSION << "\n";
       return 0;

@@ -5,6 +5,7 @@
 
 #include "cohort/comm/arrival_board.h"
 #include "cohort/errors.h"
+#include "cohort/trace/timeline.h"
 
 namespace cohort::comm {
 namespace {
@@ -57,8 +58,14 @@ GroupState::~GroupState() = default;
 // ---- Pending ---------------------------------------------------------------
 
 Pending::Pending(std::shared_ptr<GroupState> group, c10::intrusive_ptr<compat::Work> work, const char* op,
-                 std::int64_t seq, std::function<void()> finish)
-    : group_(std::move(group)), work_(std::move(work)), op_(op), seq_(seq), finish_(std::move(finish)) {}
+                 std::int64_t seq, std::function<void()> finish, double started_us, std::int64_t bytes)
+    : group_(std::move(group)),
+      work_(std::move(work)),
+      op_(op),
+      seq_(seq),
+      finish_(std::move(finish)),
+      started_us_(started_us),
+      bytes_(bytes) {}
 
 void Pending::wait() {
   if (!work_) return;
@@ -71,6 +78,10 @@ void Pending::wait() {
     throw_diagnosed(*group_, op_, seq_, e.what());
   }
   if (finish_) finish_();
+  // In flight from launch to this wait: drawn as an async event, since an operation
+  // launched inside one phase may be waited for in another (Note [Well-nested spans]).
+  if (started_us_ >= 0 && group_->timeline)
+    group_->timeline->async(op_, "collective", started_us_, trace::Timeline::now_us(), bytes_);
 }
 
 bool Pending::is_completed() const { return !work_ || work_->isCompleted(); }
@@ -93,10 +104,12 @@ const std::string& Group::name() const { return checked("name").name; }
 std::string Group::backend_name() const { return checked("backend_name").backend->getBackendName(); }
 std::chrono::milliseconds Group::timeout() const { return checked("timeout").timeout; }
 compat::Backend& Group::backend() const { return *checked("backend").backend; }
+trace::Timeline* Group::timeline() const { return state_ ? state_->timeline.get() : nullptr; }
 
-Pending Group::launch(const char* op, const std::function<c10::intrusive_ptr<compat::Work>()>& issue,
-                      std::function<void()> finish) {
+Pending Group::launch(const char* op, std::int64_t bytes,
+                      const std::function<c10::intrusive_ptr<compat::Work>()>& issue, std::function<void()> finish) {
   auto& g = *state_;
+  const double started = g.timeline && g.timeline->recording() ? trace::Timeline::now_us() : -1;
   auto seq = g.board->enter(op);
   c10::intrusive_ptr<compat::Work> work;
   try {
@@ -107,12 +120,12 @@ Pending Group::launch(const char* op, const std::function<c10::intrusive_ptr<com
     throw ConfigError(fmt::format("cohort: rank {}: {} #{} of group '{}' was refused by the {} backend: {}",
                                   g.global_rank, op, seq, g.name, g.backend->getBackendName(), e.what()));
   }
-  return Pending(state_, std::move(work), op, seq, std::move(finish));
+  return Pending(state_, std::move(work), op, seq, std::move(finish), started, bytes);
 }
 
-Pending Group::track(c10::intrusive_ptr<compat::Work> work, const char* op) {
+Pending Group::track(c10::intrusive_ptr<compat::Work> work, const char* op, std::int64_t bytes) {
   checked(op);
-  return launch(op, [&] { return work; });
+  return launch(op, bytes, [&] { return work; });
 }
 
 Pending Group::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
@@ -127,7 +140,7 @@ Pending Group::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
   opts.timeout = g.timeout;
   std::function<void()> finish;
   if (op == ReduceOp::kAvg) finish = [tensor, n = size()]() mutable { tensor.div_(n); };
-  return launch("all_reduce", [&] { return g.backend->allreduce(tensors, opts); }, std::move(finish));
+  return launch("all_reduce", tensor.nbytes(), [&] { return g.backend->allreduce(tensors, opts); }, std::move(finish));
 }
 
 void Group::all_reduce(at::Tensor& tensor, ReduceOp op) { all_reduce_async(tensor, op).wait(); }
@@ -142,7 +155,7 @@ Pending Group::broadcast_async(at::Tensor& tensor, int root) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = g.timeout;
-  return launch("broadcast", [&] { return g.backend->broadcast(tensors, opts); });
+  return launch("broadcast", tensor.nbytes(), [&] { return g.backend->broadcast(tensors, opts); });
 }
 
 void Group::broadcast(at::Tensor& tensor, int root) { broadcast_async(tensor, root).wait(); }
@@ -162,7 +175,7 @@ Pending Group::all_gather_async(const at::Tensor& tensor, std::vector<at::Tensor
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = g.timeout;
-  return launch("all_gather", [&] { return g.backend->allgather(outputs, inputs, opts); });
+  return launch("all_gather", tensor.nbytes() * size(), [&] { return g.backend->allgather(outputs, inputs, opts); });
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& input, ReduceOp op) {
@@ -180,7 +193,7 @@ at::Tensor Group::reduce_scatter(const at::Tensor& input, ReduceOp op) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
     opts.timeout = g.timeout;
-    launch("reduce_scatter", [&] { return g.backend->_reduce_scatter_base(output, in, opts); }).wait();
+    launch("reduce_scatter", input.nbytes(), [&] { return g.backend->_reduce_scatter_base(output, in, opts); }).wait();
     if (op == ReduceOp::kAvg) output.div_(n);
     return output;
   }
@@ -195,7 +208,7 @@ void Group::barrier() {
   auto& g = checked("barrier");
   c10d::BarrierOptions opts;
   opts.timeout = g.timeout;
-  launch("barrier", [&] { return g.backend->barrier(opts); }).wait();
+  launch("barrier", 0, [&] { return g.backend->barrier(opts); }).wait();
 }
 
 namespace {
@@ -212,7 +225,7 @@ void Group::send(const at::Tensor& tensor, int dst, int tag) {
   check_tensor(g, "send", tensor);
   check_peer(g, "send", dst, "destination");
   std::vector<at::Tensor> tensors{tensor};
-  launch("send", [&] { return g.backend->send(tensors, dst, tag); }).wait();
+  launch("send", tensor.nbytes(), [&] { return g.backend->send(tensors, dst, tag); }).wait();
 }
 
 void Group::recv(at::Tensor& tensor, int src, int tag) {
@@ -220,7 +233,7 @@ void Group::recv(at::Tensor& tensor, int src, int tag) {
   check_tensor(g, "recv", tensor);
   check_peer(g, "recv", src, "source");
   std::vector<at::Tensor> tensors{tensor};
-  launch("recv", [&] { return g.backend->recv(tensors, src, tag); }).wait();
+  launch("recv", tensor.nbytes(), [&] { return g.backend->recv(tensors, src, tag); }).wait();
 }
 
 }  // namespace cohort::comm

@@ -21,6 +21,10 @@
 #include "cohort/comm/reduce_op.h"
 #include "cohort/compat/c10d.h"
 
+namespace cohort::trace {
+class Timeline;
+}
+
 namespace cohort::comm {
 
 class ArrivalBoard;
@@ -39,12 +43,14 @@ class Pending {
  private:
   friend class Group;
   Pending(std::shared_ptr<GroupState> group, c10::intrusive_ptr<compat::Work> work,
-          const char* op, std::int64_t seq, std::function<void()> finish);
+          const char* op, std::int64_t seq, std::function<void()> finish, double started_us, std::int64_t bytes);
   std::shared_ptr<GroupState> group_;
   c10::intrusive_ptr<compat::Work> work_;
   const char* op_ = "";
   std::int64_t seq_ = 0;
   std::function<void()> finish_;  // runs after a successful wait (e.g. divide for kAvg)
+  double started_us_ = -1;         // on the group's timeline; < 0 when not traced
+  std::int64_t bytes_ = -1;
 };
 
 class Group {
@@ -78,14 +84,18 @@ class Group {
   void recv(at::Tensor& tensor, int src, int tag = 0);
 
   // The c10d backend, for library code (DDP) that drives it directly. Use
-  // track() so that timeouts stay diagnosable.
+  // track() so that timeouts stay diagnosable (and the operation is traced).
   compat::Backend& backend() const;
-  Pending track(c10::intrusive_ptr<compat::Work> work, const char* op);
+  Pending track(c10::intrusive_ptr<compat::Work> work, const char* op, std::int64_t bytes = -1);
+  // The timeline this group records its operations on (trace/timeline.h); null when
+  // tracing is off.
+  trace::Timeline* timeline() const;
 
  private:
   GroupState& checked(const char* op) const;
   // Records the op on the arrival board, issues it, and wraps it for a bounded wait.
-  Pending launch(const char* op, const std::function<c10::intrusive_ptr<compat::Work>()>& issue,
+  Pending launch(const char* op, std::int64_t bytes,
+                 const std::function<c10::intrusive_ptr<compat::Work>()>& issue,
                  std::function<void()> finish = nullptr);
   std::shared_ptr<GroupState> state_;
 };
@@ -99,6 +109,7 @@ struct GroupState {
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<compat::Backend> backend;
   std::unique_ptr<ArrivalBoard> board;
+  std::shared_ptr<trace::Timeline> timeline;  // shared by the world's groups; may be null
   ~GroupState();
 };
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cohort/comm/environment.h"
+#include "cohort/trace/timeline.h"
 
 namespace cohort::comm {
 
@@ -25,11 +26,16 @@ struct InitOptions {
   TORCH_ARG(std::chrono::milliseconds, heartbeat_interval) = std::chrono::seconds(1);
   // Network interface for Gloo (GLOO_SOCKET_IFNAME); empty picks one.
   TORCH_ARG(std::string, network_interface) = "";
+  // A per-rank timeline of steps, collectives and DDP buckets (trace/timeline.h);
+  // off unless it names a directory.
+  TORCH_ARG(trace::TimelineOptions, timeline) = {};
 
 
  public:  // TORCH_ARG leaves the struct in a private section.
   // Defaults overridden by COHORT_BACKEND, COHORT_TIMEOUT (seconds),
-  // COHORT_JOIN_TIMEOUT (seconds) and GLOO_SOCKET_IFNAME.
+  // COHORT_JOIN_TIMEOUT (seconds), GLOO_SOCKET_IFNAME, and COHORT_TIMELINE_DIR,
+  // COHORT_TIMELINE_STEPS (FIRST:LAST) and COHORT_TIMELINE_MAX_EVENTS, which
+  // `cohort run --timeline` sets.
   static InitOptions from_env(const EnvMap& env);
   // Throws ConfigError for a timeout that is not > 0 (c10d reads 0 as "never") or a
   // heartbeat too short to tell a live rank from a dead one.

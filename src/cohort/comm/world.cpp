@@ -12,6 +12,7 @@
 #include "cohort/comm/backend_factory.h"
 #include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
+#include "cohort/trace/clock_align.h"
 #include "cohort/util/bytes.h"
 #include "cohort/util/parse.h"
 
@@ -25,6 +26,7 @@ struct World::State {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Store> board_store;  // a connection of its own
   mutable Group world_group;
+  std::shared_ptr<trace::Timeline> timeline;
   mutable std::mutex mu;
   mutable int groups_created = 0;
 };
@@ -97,6 +99,17 @@ InitOptions InitOptions::from_env(const EnvMap& env) {
   if (auto v = get("COHORT_TIMEOUT")) o.timeout(timeout(*v, "COHORT_TIMEOUT"));
   if (auto v = get("COHORT_JOIN_TIMEOUT")) o.join_timeout(timeout(*v, "COHORT_JOIN_TIMEOUT"));
   if (auto v = get("GLOO_SOCKET_IFNAME")) o.network_interface(*v);
+  if (auto v = get("COHORT_TIMELINE_DIR")) {
+    trace::TimelineOptions t;
+    t.directory(*v);
+    if (auto steps = get("COHORT_TIMELINE_STEPS")) t.steps_from_string(*steps, "COHORT_TIMELINE_STEPS");
+    if (auto cap = get("COHORT_TIMELINE_MAX_EVENTS")) {
+      const long n = util::parse_long(*cap, "COHORT_TIMELINE_MAX_EVENTS");
+      if (n <= 0) throw ConfigError("COHORT_TIMELINE_MAX_EVENTS: '" + *cap + "' must be a positive count of events");
+      t.max_events(static_cast<std::size_t>(n));
+    }
+    o.timeline(t);
+  }
   return o;
 }
 
@@ -145,8 +158,14 @@ World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store,
   for (int r = 0; r < state->info.world_size; ++r) all[static_cast<size_t>(r)] = r;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("cohort/world", state->store);
   auto board = c10::make_intrusive<c10d::PrefixStore>("cohort/world", state->board_store);
-  state->world_group = Group(make_group(world, "world", all, state->info.rank, prefixed, board, state->backend,
-                                        state->options));
+  auto world_group = make_group(world, "world", all, state->info.rank, prefixed, board, state->backend, state->options);
+  state->world_group = Group(world_group);
+  if (state->options.timeline().enabled()) {
+    auto timeline = std::make_shared<trace::Timeline>(state->info.rank, state->options.timeline());
+    timeline->set_clock_offset_us(trace::measure_clock_offset_us(state->world_group, state->device));
+    state->timeline = timeline;
+    world_group->timeline = std::move(timeline);
+  }
   return world;
 }
 
@@ -159,6 +178,7 @@ const std::string& World::backend_name() const { return state_->backend; }
 c10::Device World::device() const { return state_->device; }
 c10::intrusive_ptr<c10d::Store> World::store() const { return state_->store; }
 Group& World::group() const { return state_->world_group; }
+std::shared_ptr<trace::Timeline> World::timeline() const { return state_->timeline; }
 
 Group World::new_group(std::vector<int> ranks) const {
   int id;
@@ -196,8 +216,9 @@ Group World::new_group(std::vector<int> ranks) const {
                                   "[{}]; every rank must make the same new_group calls in the same order",
                                   id, rank(), spec, ranks.front(), util::from_bytes(theirs)));
   auto board = c10::make_intrusive<c10d::PrefixStore>("cohort/" + name, state_->board_store);
-  return Group(make_group(*this, name, std::move(ranks), group_rank, store, board, state_->backend,
-                          state_->options));
+  auto group = make_group(*this, name, std::move(ranks), group_rank, store, board, state_->backend, state_->options);
+  group->timeline = state_->timeline;
+  return Group(std::move(group));
 }
 
 }  // namespace cohort::comm

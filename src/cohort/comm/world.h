@@ -45,6 +45,10 @@ class World {
 
   // The group of all ranks.
   Group& group() const;
+  // This rank's timeline when InitOptions::timeline names a directory, else null.
+  // It is written to DIR/rank-<rank>.json when the last reference goes (or by
+  // Timeline::write()); the world's groups and DDP record on it.
+  std::shared_ptr<trace::Timeline> timeline() const;
   // A sub-group over `ranks` (global ranks, any order, no duplicates). Collective:
   // every rank of the world calls it with the same ranks, in the same order of
   // new_group calls. Ranks outside `ranks` get a non-member handle.

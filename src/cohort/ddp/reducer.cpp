@@ -11,6 +11,7 @@
 
 #include "cohort/ddp/autograd_graph.h"
 #include "cohort/errors.h"
+#include "cohort/trace/timeline.h"
 
 namespace cohort::ddp {
 
@@ -37,9 +38,18 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
 // Optimizer::zero_grad() calls grad.detach_(), which autograd refuses on views. A
 // tensor set_() onto the same storage aliases the memory (is_alias_of holds) while
 // being an ordinary tensor, so gradient_as_bucket_view works with stock optimizers.
+//
+// Note [Bucket views keep the parameter's layout]: a parameter stored densely in
+// another order (channels-last convolution weights) gets a slice with its own
+// strides, as PyTorch's DDP does, so that its gradient (which autograd lays out like
+// the parameter) is copied in without a transpose and can alias its slice under
+// gradient_as_bucket_view. Any other layout gets contiguous strides.
 at::Tensor bucket_slice(const at::Tensor& buffer, std::int64_t offset, const at::Tensor& param) {
   auto slice = at::empty({0}, buffer.options());
-  slice.set_(buffer.storage(), buffer.storage_offset() + offset, param.sizes(), c10::contiguous_strides(param.sizes()));
+  if (param.is_non_overlapping_and_dense())
+    slice.set_(buffer.storage(), buffer.storage_offset() + offset, param.sizes(), param.strides());
+  else
+    slice.set_(buffer.storage(), buffer.storage_offset() + offset, param.sizes(), c10::contiguous_strides(param.sizes()));
   return slice;
 }
 
@@ -54,6 +64,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       hook_(options_.comm_hook() ? options_.comm_hook() : all_reduce_hook()),
       status_(group_, params_.empty() ? c10::Device(c10::kCPU) : params_.front().device()) {
   TORCH_INTERNAL_ASSERT(params_.size() == names_.size());
+  timed_ = options_.record_timings() || group_.timeline() != nullptr;
   if (params_.empty())
     throw ConfigError("cohort DDP: the module has no parameter that requires grad, so there is nothing to "
                       "synchronise; wrap a module with trainable parameters");
@@ -190,7 +201,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
 void Reducer::reset_timings() {
   iteration_start_ = std::chrono::steady_clock::now();
   timings_ = IterationTimings();
-  if (options_.record_timings())
+  if (timed_)
     for (const auto& b : plan_.buckets) timings_.buckets.push_back(BucketTiming{b.bytes});
 }
 
@@ -248,7 +259,7 @@ void Reducer::on_gradient_ready(std::size_t index) {
   }
   if (!rebuilt_) arrivals_.push_back(index);
   mark_ready(index);
-  if (options_.record_timings()) note_completions(elapsed());
+  if (timed_) note_completions(elapsed());
 }
 
 void Reducer::mark_ready(std::size_t index) {
@@ -272,7 +283,7 @@ void Reducer::mark_ready(std::size_t index) {
   }
   auto& bucket = buckets_[plan_.bucket_of[index]];
   if (--bucket.pending == 0) {
-    if (options_.record_timings()) timings_.buckets[plan_.bucket_of[index]].ready_s = elapsed();
+    if (timed_) timings_.buckets[plan_.bucket_of[index]].ready_s = elapsed();
     launch_ready_buckets();
   }
 }
@@ -285,7 +296,7 @@ void Reducer::launch_ready_buckets() {
                                                     bucket.buffer, bucket.views, divisor_);
     bucket.work = hook_->start(group_, *bucket.in_flight);
     bucket.launched = true;
-    if (options_.record_timings()) timings_.buckets[next_bucket_].launched_s = elapsed();
+    if (timed_) timings_.buckets[next_bucket_].launched_s = elapsed();
     ++next_bucket_;
   }
 }
@@ -295,6 +306,27 @@ std::vector<std::string> Reducer::names_not_ready() const {
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (!ready_[i]) out.push_back(names_[i]);
   return out;
+}
+
+// Note [DDP on the timeline]: the reducer already times each bucket for
+// last_timings(); with a timeline it draws them once the step is done, rather than
+// from the autograd hooks, so tracing adds no lock or allocation to backward. Each
+// bucket is an async event from launch to the first time it was seen complete (at
+// a gradient's arrival or at the end), with an instant for when it became ready.
+void Reducer::trace_iteration() const {
+  auto* timeline = group_.timeline();
+  if (!timeline || !timeline->recording()) return;
+  const double start_us =
+      std::chrono::duration<double, std::micro>(iteration_start_.time_since_epoch()).count();
+  auto at = [&](double s) { return start_us + s * 1e6; };
+  for (std::size_t b = 0; b < timings_.buckets.size(); ++b) {
+    const auto& t = timings_.buckets[b];
+    if (t.ready_s >= 0) timeline->instant(fmt::format("bucket {} ready", b), "ddp", at(t.ready_s), t.bytes);
+    if (t.launched_s >= 0 && t.done_s >= 0)
+      timeline->async(fmt::format("bucket {}", b), "ddp", at(t.launched_s), at(t.done_s), t.bytes);
+  }
+  if (timings_.backward_end_s >= 0 && timings_.finalize_end_s >= 0)
+    timeline->span("ddp wait and copy back", "ddp", at(timings_.backward_end_s), at(timings_.finalize_end_s));
 }
 
 double Reducer::elapsed() const {

@@ -118,6 +118,8 @@ class Reducer {
   void mark_missing_unused();
   void reset_timings();
   void note_completions(double now);
+  // Draws the finished iteration's buckets on the group's timeline (Note [DDP on the timeline]).
+  void trace_iteration() const;
   double elapsed() const;
   std::vector<std::string> names_not_ready() const;
 
@@ -160,6 +162,7 @@ class Reducer {
   std::vector<bool> static_globally_used_;  // by some rank, from the first step's mask
 
   std::chrono::steady_clock::time_point iteration_start_;
+  bool timed_ = false;  // record_timings(), or the group has a timeline
   IterationTimings timings_;
 };
 

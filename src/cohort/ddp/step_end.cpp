@@ -35,7 +35,7 @@ void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   callback_queued_ = false;
   if (phase_ != Phase::kSync) return;
-  if (options_.record_timings()) timings_.backward_end_s = elapsed();
+  if (timed_) timings_.backward_end_s = elapsed();
   if (next_bucket_ < buckets_.size()) {
     if (options_.find_unused_parameters() || options_.static_graph()) {
       mark_missing_unused();
@@ -87,7 +87,10 @@ void Reducer::finalize_backward() {
     }
   }
   end_step();
-  if (options_.record_timings()) timings_.finalize_end_s = elapsed();
+  if (timed_) {
+    timings_.finalize_end_s = elapsed();
+    trace_iteration();
+  }
 }
 
 void Reducer::shadow_backward(double divisor) {
@@ -166,10 +169,10 @@ std::vector<int> Reducer::wait_for_step() {
   try {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       if (!buckets_[b].launched) continue;
-      if (options_.record_timings()) note_completions(elapsed());
+      if (timed_) note_completions(elapsed());
       buckets_[b].work.wait();
       buckets_[b].in_flight.reset();
-      if (options_.record_timings() && timings_.buckets[b].done_s < 0) timings_.buckets[b].done_s = elapsed();
+      if (timed_ && timings_.buckets[b].done_s < 0) timings_.buckets[b].done_s = elapsed();
     }
     unused_mask_work_.wait();
     return status_.wait();

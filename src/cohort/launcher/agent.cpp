@@ -148,6 +148,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     const auto started = std::chrono::steady_clock::now();
     WorkerGroup running(options, worker_base, program, assignment, nproc, context, dir.attempt(attempt), g_signal_pipe[0]);
     auto result = running.monitor();
+    running.print_report();
     const auto ran_for = std::chrono::steady_clock::now() - started;
     if (result.success) {
       exit_code = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <filesystem>
 #include <sstream>
 
 namespace cohort::launcher {
@@ -102,6 +103,11 @@ void finish_options(CLI::App& app, RunOptions& o, const std::string& nnodes, con
     }
     o.local_ranks_filter = ranks;
   }
+  if (!o.timeline_dir.empty()) {
+    std::error_code ec;
+    auto absolute = std::filesystem::absolute(o.timeline_dir, ec);
+    if (!ec) o.timeline_dir = absolute.string();
+  }
   if (o.standalone) {
     o.rdzv_backend = "c10d";
     o.rdzv_endpoint = "127.0.0.1:0";
@@ -172,6 +178,12 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
       ->default_str("0");
   app.add_option(spellings("local-ranks-filter"), filter,
                  "Show console output of these local ranks only, e.g. 0 or 0,2 (logs keep everything)");
+  app.add_option("--timeline", o.timeline_dir,
+                 "Each worker writes a Chrome trace (Perfetto) of its steps, collectives and DDP buckets to "
+                 "DIR/rank-N.json; merge them with `cohort trace merge DIR OUT.json`");
+  app.add_option("--timeline-steps", o.timeline_steps, "Record only steps FIRST:LAST (or FIRST:) of --timeline");
+  app.add_option("--timeline-max-events", o.timeline_max_events,
+                 "Cap on the events each worker keeps for --timeline (default 200000)");
   app.add_flag(spellings("no-python"), no_python, "Accepted for torchrun compatibility: PROGRAM is always executed");
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());

@@ -189,6 +189,7 @@ int run_elastic_agent(const AgentSetup& setup) {
         return round_changed(rdzv.read(), r, rdzv.node());
       });
       const auto result = group.monitor();
+      group.print_report();
       const auto ran_for = Clock::now() - started;
       if (result.received_signal) throw SignalReceived{result.received_signal};
       // Workers stopped for a change may exit 0 (a trainer that saves on SIGTERM):

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cohort/elastic/rendezvous_state.h"
+#include "cohort/trace/timeline.h"
 #include "cohort/util/parse.h"
 
 namespace cohort::launcher {
@@ -137,6 +138,23 @@ int resolve_nproc(const std::string& spec, int cpu_count, int gpu_count) {
 namespace {
 
 // What every backend checks.
+void validate_timeline(const RunOptions& o) {
+  if (o.timeline_dir.empty()) {
+    if (!o.timeline_steps.empty() || o.timeline_max_events != 0)
+      throw UsageError("--timeline-steps and --timeline-max-events shape --timeline DIR; add --timeline DIR");
+    return;
+  }
+  if (o.timeline_max_events < 0)
+    throw UsageError(fmt::format("--timeline-max-events {}: give a positive count of events", o.timeline_max_events));
+  if (!o.timeline_steps.empty()) {
+    try {
+      trace::TimelineOptions().steps_from_string(o.timeline_steps, "--timeline-steps");
+    } catch (const ConfigError& e) {
+      throw UsageError(e.what());
+    }
+  }
+}
+
 void validate_common(const RunOptions& o) {
   if (o.max_restarts < 0)
     throw UsageError(fmt::format("--max-restarts {}: must be 0 or more", o.max_restarts));
@@ -152,6 +170,7 @@ void validate_common(const RunOptions& o) {
   }
   if (o.program.empty())
     throw UsageError("no program given: cohort run [flags] [--] PROGRAM [ARGS...]");
+  validate_timeline(o);
 }
 
 void validate_elastic(const RunOptions& o) {

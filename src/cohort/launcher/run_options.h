@@ -56,6 +56,11 @@ struct RunOptions {
   StreamSelection redirects;
   StreamSelection tee;
   std::optional<std::set<int>> local_ranks_filter;
+  // --timeline DIR (made absolute), --timeline-steps FIRST:LAST, --timeline-max-events N:
+  // exported to the workers as COHORT_TIMELINE_* (trace/timeline.h).
+  std::string timeline_dir;
+  std::string timeline_steps;
+  long timeline_max_events = 0;  // 0: the library's default
   std::string program;
   std::vector<std::string> program_args;
 };

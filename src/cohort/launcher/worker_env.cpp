@@ -1,5 +1,9 @@
 #include "cohort/launcher/worker_env.h"
 
+#include <sched.h>
+
+#include <algorithm>
+
 namespace cohort::launcher {
 namespace {
 
@@ -20,6 +24,34 @@ void set_nccl_async_error_handling(comm::EnvMap& env) {
   } else if (old == env.end()) {
     env[kOld] = fresh->second;
   }
+}
+
+// Note [Threads per worker]
+// LibTorch's intra-op pool (OpenMP) and OpenBLAS's own pthread pool each want a
+// thread per core. With several workers on a node that is workers x cores busy
+// threads per pool on `cores` cores, preempting each other in the middle of every
+// GEMM. torchrun sets OMP_NUM_THREADS=1 for several workers; we do the same and
+// bound OpenBLAS's pool alike (it reads OPENBLAS_NUM_THREADS before
+// OMP_NUM_THREADS). A single worker gets every core it may run on: LibTorch's own
+// default is the *physical* core count as cpuinfo reports it, which on some VMs is
+// 1 of 2. A value the user set is kept, and OpenBLAS follows the user's
+// OMP_NUM_THREADS when only that is set. Gloo's threads are not counted against the
+// budget: they sleep in the kernel except while a collective moves data, when the
+// compute threads are the ones waiting.
+void set_thread_policy(comm::EnvMap& env, int local_world_size) {
+  auto given = [&](const char* name) {
+    auto it = env.find(name);
+    return it != env.end() && !it->second.empty();
+  };
+  std::string threads = "1";
+  if (local_world_size <= 1) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    threads = std::to_string(std::max(cores, 1));
+  }
+  if (!given("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = threads;
+  if (!given("OPENBLAS_NUM_THREADS")) env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"];
 }
 
 }  // namespace
@@ -53,9 +85,12 @@ comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& opti
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", error_file);
   set_nccl_async_error_handling(env);
-  // Several workers each spawning a thread per core would oversubscribe the host.
-  auto omp = env.find("OMP_NUM_THREADS");
-  if (slot.local_world_size > 1 && (omp == env.end() || omp->second.empty())) set("OMP_NUM_THREADS", "1");
+  set_thread_policy(env, slot.local_world_size);
+  if (!options.timeline_dir.empty()) {
+    set("COHORT_TIMELINE_DIR", options.timeline_dir);
+    if (!options.timeline_steps.empty()) set("COHORT_TIMELINE_STEPS", options.timeline_steps);
+    if (options.timeline_max_events > 0) set("COHORT_TIMELINE_MAX_EVENTS", std::to_string(options.timeline_max_events));
+  }
   return env;
 }
 

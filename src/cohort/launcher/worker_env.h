@@ -39,7 +39,8 @@ struct AttemptContext {
 // agent sets the store's three; the static one clears them. COHORT_CONSOLE_TTY is
 // set or cleared per worker (Note [Progress lines]).
 inline constexpr const char* kLauncherOwnedVariables[] = {"COHORT_AGENT_STORE", "COHORT_STORE_PREFIX",
-                                                         "COHORT_RDZV_TOKEN", "COHORT_CONSOLE_TTY"};
+                                                         "COHORT_RDZV_TOKEN", "COHORT_CONSOLE_TTY",
+                                                         "COHORT_REPORT_FILE"};
 
 // `env` without kLauncherOwnedVariables: the base of a static job's workers.
 comm::EnvMap without_launcher_variables(const comm::EnvMap& env);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "cohort/elastic/error_file.h"
 
@@ -35,8 +36,10 @@ bool is_stopped(pid_t pid) {
 WorkerGroup::WorkerGroup(const RunOptions& options, const comm::EnvMap& env, const std::string& program,
                          const Assignment& assignment, int nproc, const AttemptContext& context, const fs::path& dir,
                          int signal_fd)
-    : options_(options), signal_fd_(signal_fd), stop_after_(options.stop_timeout) {
+    : options_(options), signal_fd_(signal_fd), stop_after_(options.stop_timeout), report_path_(dir / "report.txt") {
   try {
+    fs::create_directories(dir);
+    fs::remove(report_path_);
     spawn_all(env, program, assignment, nproc, context, dir);
   } catch (...) {
     kill_and_reap_all();  // a half-started job leaves nothing behind
@@ -45,6 +48,18 @@ WorkerGroup::WorkerGroup(const RunOptions& options, const comm::EnvMap& env, con
 }
 
 WorkerGroup::~WorkerGroup() { kill_and_reap_all(); }
+
+std::string WorkerGroup::report() const {
+  std::ifstream in(report_path_);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WorkerGroup::print_report() const {
+  const auto text = report();
+  if (!text.empty()) fmt::print(stderr, "cohort run: summary from the workers:\n{}", text);
+}
 
 void WorkerGroup::spawn_all(const comm::EnvMap& env, const std::string& program, const Assignment& assignment,
                             int nproc, const AttemptContext& context, const fs::path& dir) {
@@ -59,6 +74,8 @@ void WorkerGroup::spawn_all(const comm::EnvMap& env, const std::string& program,
     // The worker's stdout is a pipe; tell it when what it prints lands on a terminal
     // (Note [Progress lines]).
     // An outer job's value must not leak in (Note [Variables the launcher owns]).
+    // Rank 0's straggler report and such, for the launcher's summary (trace/straggler.h).
+    worker_env["COHORT_REPORT_FILE"] = report_path_.string();
     if (console_is_tty(STDOUT_FILENO) && shown_on_console(options_.redirects.stdout_for(local), slot))
       worker_env["COHORT_CONSOLE_TTY"] = "1";
     else

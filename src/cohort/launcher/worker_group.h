@@ -49,6 +49,12 @@ class WorkerGroup {
   // Runs until every worker has exited and its output is drained.
   AttemptResult monitor();
 
+  // What the workers left for the launcher's summary in COHORT_REPORT_FILE (rank 0's
+  // straggler report); empty when nothing was written. print_report() puts it on
+  // stderr under a heading.
+  std::string report() const;
+  void print_report() const;
+
  private:
   struct Worker {
     WorkerProcess process;
@@ -77,6 +83,7 @@ class WorkerGroup {
   const RunOptions& options_;
   int signal_fd_;
   std::chrono::duration<double> stop_after_;
+  std::filesystem::path report_path_;
   std::vector<Worker> workers_;
   OutputRouter router_;
   bool stopping_ = false;

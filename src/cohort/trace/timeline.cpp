@@ -1,0 +1,155 @@
+#include "cohort/trace/timeline.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "cohort/errors.h"
+#include "cohort/trace/chrome_trace.h"
+#include "cohort/util/parse.h"
+
+namespace cohort::trace {
+
+TimelineOptions& TimelineOptions::steps_from_string(const std::string& text, const std::string& what) {
+  const auto colon = text.find(':');
+  auto number = [&](const std::string& part) {
+    const long v = util::parse_long(part, what);
+    if (v < 0) throw ConfigError(fmt::format("{}: '{}' has a negative step; give FIRST:LAST, e.g. 20:40", what, text));
+    return static_cast<std::int64_t>(v);
+  };
+  if (text.empty()) throw ConfigError(fmt::format("{}: empty; give FIRST:LAST, FIRST: or one step", what));
+  if (colon == std::string::npos) {
+    first_step_ = last_step_ = number(text);
+  } else {
+    first_step_ = number(text.substr(0, colon));
+    const std::string last = text.substr(colon + 1);
+    last_step_ = last.empty() ? -1 : number(last);
+    if (last_step_ >= 0 && last_step_ < first_step_)
+      throw ConfigError(fmt::format("{}: '{}' ends before it starts; give FIRST:LAST with FIRST <= LAST", what, text));
+  }
+  return *this;
+}
+
+Timeline::Timeline(int rank, TimelineOptions options) : rank_(rank), options_(std::move(options)) {
+  events_.reserve(std::min<std::size_t>(options_.max_events(), 4096));
+  set_step(0);
+}
+
+Timeline::~Timeline() {
+  if (written_) return;
+  try {
+    write();
+  } catch (const std::exception& e) {
+    std::cerr << "cohort: rank " << rank_ << ": the timeline was not written: " << e.what() << std::endl;
+  }
+}
+
+double Timeline::now_us() {
+  using namespace std::chrono;
+  return static_cast<double>(duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count()) / 1e3;
+}
+
+void Timeline::set_step(std::int64_t step) {
+  step_.store(step, std::memory_order_relaxed);
+  const bool in = step >= options_.first_step() && (options_.last_step() < 0 || step <= options_.last_step());
+  recording_.store(in, std::memory_order_relaxed);
+}
+
+int Timeline::thread_id() {
+  // Called with mutex_ held. Small numbers read better in the viewer than thread ids.
+  auto [it, inserted] = threads_.emplace(std::this_thread::get_id(), static_cast<int>(threads_.size()));
+  return it->second;
+}
+
+void Timeline::add(Event e, double entered_us) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (events_.size() >= options_.max_events()) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    e.tid = thread_id();
+    e.step = step();
+    events_.push_back(std::move(e));
+  }
+  overhead_us_ += now_us() - entered_us;
+}
+
+void Timeline::span(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes) {
+  if (!recording()) return;
+  const double entered = now_us();
+  Event e;
+  e.kind = Event::Kind::kSpan;
+  e.name = std::move(name);
+  e.category = category;
+  e.ts_us = start_us;
+  e.dur_us = std::max(0.0, end_us - start_us);
+  e.bytes = bytes;
+  add(std::move(e), entered);
+}
+
+void Timeline::instant(std::string name, const char* category, double at_us, std::int64_t bytes) {
+  if (!recording()) return;
+  const double entered = now_us();
+  Event e;
+  e.kind = Event::Kind::kInstant;
+  e.name = std::move(name);
+  e.category = category;
+  e.ts_us = at_us;
+  e.bytes = bytes;
+  add(std::move(e), entered);
+}
+
+void Timeline::async(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes) {
+  if (!recording()) return;
+  const double entered = now_us();
+  Event begin;
+  begin.kind = Event::Kind::kAsyncBegin;
+  begin.name = std::move(name);
+  begin.category = category;
+  begin.ts_us = start_us;
+  begin.id = next_async_id_.fetch_add(1, std::memory_order_relaxed);
+  begin.bytes = bytes;
+  Event end = begin;
+  end.kind = Event::Kind::kAsyncEnd;
+  end.ts_us = std::max(start_us, end_us);
+  end.bytes = -1;
+  add(std::move(begin), entered);
+  add(std::move(end), now_us());
+}
+
+std::size_t Timeline::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_.size();
+}
+
+double Timeline::overhead_us() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return overhead_us_;
+}
+
+std::string Timeline::path() const {
+  return (std::filesystem::path(options_.directory()) / fmt::format("rank-{}.json", rank_)).string();
+}
+
+void Timeline::write() {
+  written_ = true;
+  std::vector<Event> events;
+  std::size_t threads = 0;
+  double overhead = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events = events_;
+    threads = threads_.size();
+    overhead = overhead_us_;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options_.directory(), ec);
+  if (ec) {
+    throw Error(fmt::format("timeline directory {}: {}; give a writable --timeline directory", options_.directory(),
+                            ec.message()));
+  }
+  TraceFileInfo info{rank_, offset_us_, dropped(), overhead, threads};
+  write_chrome_trace(path(), events, info);
+}
+
+}  // namespace cohort::trace

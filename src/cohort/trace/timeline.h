@@ -1,0 +1,142 @@
+#pragma once
+// A per-rank timeline of what a training step spends its time on, written as a
+// Chrome trace-event JSON file that Perfetto (ui.perfetto.dev) and chrome://tracing
+// load. `cohort run --timeline DIR` turns it on for every worker; a program started
+// some other way passes InitOptions().timeline(...) to World::init. The world aligns
+// the ranks' clocks at a barrier and hands the timeline to its groups and to DDP, so
+// collectives and DDP buckets appear without more code; a training loop adds its own
+// phases with Span:
+//
+//   auto timeline = world.timeline();          // null when off: every call is a no-op
+//   for (...) {
+//     cohort::trace::step(timeline.get(), step);
+//     cohort::trace::Span s(timeline.get(), "step");
+//     { cohort::trace::Span f(timeline.get(), "forward"); ... }
+//   }
+//
+// `cohort trace merge DIR OUT.json` puts the ranks into one file, one process per rank.
+#include <torch/arg.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace cohort::trace {
+
+struct TimelineOptions {
+  // The directory the file goes to: DIR/rank-<rank>.json.
+  TORCH_ARG(std::string, directory) = "";
+  // Only steps first_step..last_step (inclusive) are recorded; last_step < 0 means no
+  // end. Events before the first step() call belong to step 0.
+  TORCH_ARG(std::int64_t, first_step) = 0;
+  TORCH_ARG(std::int64_t, last_step) = -1;
+  // A cap on the events kept; later ones are counted as dropped and reported.
+  TORCH_ARG(std::size_t, max_events) = 200000;
+
+ public:
+  bool enabled() const { return !directory_.empty(); }
+  // Parses "A:B", "A:" or "A" (a single step) for --timeline-steps; throws
+  // ConfigError naming `what` on anything else.
+  TimelineOptions& steps_from_string(const std::string& text, const std::string& what);
+};
+
+// One event, in microseconds on this process's steady clock.
+struct Event {
+  enum class Kind : char { kSpan = 'X', kInstant = 'i', kAsyncBegin = 'b', kAsyncEnd = 'e' };
+  Kind kind = Kind::kSpan;
+  std::string name;
+  const char* category = "";
+  double ts_us = 0;
+  double dur_us = 0;       // spans only
+  std::uint64_t id = 0;    // async pairs only
+  int tid = 0;
+  std::int64_t bytes = -1; // shown as args.bytes when >= 0
+  std::int64_t step = 0;
+};
+
+class Timeline {
+ public:
+  Timeline(int rank, TimelineOptions options);
+  // Writes the file if write() was not called; a failure is printed, not thrown.
+  ~Timeline();
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  static double now_us();
+  int rank() const { return rank_; }
+  const TimelineOptions& options() const { return options_; }
+
+  // The step that the following events belong to.
+  void set_step(std::int64_t step);
+  std::int64_t step() const { return step_.load(std::memory_order_relaxed); }
+  // Whether the current step is inside the window (cheap; call before building a name).
+  bool recording() const { return recording_.load(std::memory_order_relaxed); }
+
+  void span(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes = -1);
+  void instant(std::string name, const char* category, double at_us, std::int64_t bytes = -1);
+  // An operation that may overlap others on its thread (a collective in flight, a DDP
+  // bucket): drawn on a track of its own, so per-thread spans stay well nested.
+  void async(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes = -1);
+
+  // Added to every timestamp written: rank 0's clock minus this one's (Note [Aligned clocks]).
+  void set_clock_offset_us(double offset) { offset_us_ = offset; }
+  double clock_offset_us() const { return offset_us_; }
+
+  std::size_t size() const;
+  std::size_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  // Time spent inside this class's record calls, so the cost of tracing is reported.
+  double overhead_us() const;
+
+  // DIR/rank-<rank>.json. Creates the directory. Throws cohort::Error on failure.
+  std::string path() const;
+  void write();
+
+ private:
+  int thread_id();
+  void add(Event e, double entered_us);
+
+  int rank_;
+  TimelineOptions options_;
+  std::atomic<std::int64_t> step_{0};
+  std::atomic<bool> recording_{true};
+  std::atomic<std::size_t> dropped_{0};
+  std::atomic<std::uint64_t> next_async_id_{1};
+  double offset_us_ = 0;
+  bool written_ = false;
+  mutable std::mutex mutex_;
+  std::vector<Event> events_;
+  std::unordered_map<std::thread::id, int> threads_;
+  double overhead_us_ = 0;
+};
+
+// Marks the start of `step` (nullptr: no-op).
+inline void step(Timeline* timeline, std::int64_t n) {
+  if (timeline) timeline->set_step(n);
+}
+
+// A phase on the calling thread, from construction to destruction. With a null
+// timeline it reads no clock.
+class Span {
+ public:
+  Span(Timeline* timeline, const char* name, const char* category = "phase")
+      : timeline_(timeline && timeline->recording() ? timeline : nullptr), name_(name), category_(category),
+        start_us_(timeline_ ? Timeline::now_us() : 0) {}
+  ~Span() {
+    if (timeline_) timeline_->span(name_, category_, start_us_, Timeline::now_us());
+  }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  Timeline* timeline_;
+  const char* name_;
+  const char* category_;
+  double start_us_;
+};
+
+}  // namespace cohort::trace
