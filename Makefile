@@ -41,8 +41,10 @@ test: build
 
 # The same suite against LibTorch 2.6, in a Debian 13 chroot made by
 # scripts/torch2-chroot (about 1 minute the first time, reused after).
+
+TORCH2_FLAGS ?=
 test-torch2:
-	scripts/torch2-chroot 'cmake -S . -B build-torch2 -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) && \
+	scripts/torch2-chroot 'cmake -S . -B build-torch2 -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(TORCH2_FLAGS) && \
 	  cmake --build build-torch2 -j $(JOBS) && scripts/run-tests build-torch2'
 
 # Benchmarks (BENCHMARKS.md): cohort against PyTorch's torch.distributed, DDP

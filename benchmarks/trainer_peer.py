@@ -4,6 +4,10 @@ by `cohort run` as torchrun would start it. Rank 0 prints one JSON line with the
 training rate (evaluation excluded), as the C++ trainer does.
 
   trainer_peer.py [--epochs 1] [--batch-size 32] [--lr 2e-3] [--limit-train-batches N] [--data-dir D]
+                  [--memory-format channels-last|contiguous] [--evaluate]
+
+With --evaluate, every epoch ends with a distributed evaluation on the test set and
+rank 0 prints "epoch E/N: test accuracy A, ..., S s since start" as the C++ trainer does.
 """
 import argparse
 import json
@@ -23,6 +27,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../examples/fashion_
 from fashion_net import FashionNet, normalise, read_idx  # noqa: E402
 
 
+def evaluate(model, x, y, rank, world, fmt):
+    """Each rank scores a contiguous slice of the test set; the counts are summed."""
+    begin, end = len(y) * rank // world, len(y) * (rank + 1) // world
+    correct = 0
+    with torch.no_grad():
+        for first in range(begin, end, 1000):
+            last = min(first + 1000, end)
+            correct += int((model(x[first:last].contiguous(memory_format=fmt)).argmax(1) == y[first:last]).sum())
+    counts = torch.tensor([correct, end - begin], dtype=torch.float64)
+    dist.all_reduce(counts)
+    return float(counts[0] / counts[1])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=1)
@@ -30,14 +47,21 @@ def main():
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--limit-train-batches", type=int, default=0)
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--memory-format", default="channels-last", choices=["channels-last", "contiguous"])
+    p.add_argument("--evaluate", action="store_true")
     a = p.parse_args()
+    fmt = torch.channels_last if a.memory_format == "channels-last" else torch.contiguous_format
     started = time.perf_counter()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     images = torch.from_numpy(read_idx(f"{a.data_dir}/train-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28).copy())
     labels = torch.from_numpy(read_idx(f"{a.data_dir}/train-labels-idx1-ubyte.gz", 8).astype(np.int64))
     torch.manual_seed(0)
-    model = DistributedDataParallel(FashionNet())
+    model = DistributedDataParallel(FashionNet().to(memory_format=fmt))
+    if a.evaluate:
+        test_x = normalise(torch.from_numpy(
+            read_idx(f"{a.data_dir}/t10k-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28).copy()))
+        test_y = torch.from_numpy(read_idx(f"{a.data_dir}/t10k-labels-idx1-ubyte.gz", 8).astype(np.int64))
     opt = torch.optim.Adam(model.parameters(), a.lr)
     sampler = DistributedSampler(range(len(labels)), num_replicas=world, rank=rank, seed=0)
     steps_per_epoch = math.ceil(len(sampler) / a.batch_size)
@@ -50,7 +74,7 @@ def main():
         mark = time.perf_counter()
         for i in range(steps_per_epoch):
             idx = torch.tensor(order[i * a.batch_size:(i + 1) * a.batch_size])
-            x = normalise(images.index_select(0, idx))
+            x = normalise(images.index_select(0, idx)).contiguous(memory_format=fmt)
             for g in opt.param_groups:
                 g["lr"] = a.lr * 0.5 * (1 + math.cos(math.pi * step / total))
             opt.zero_grad()
@@ -61,6 +85,11 @@ def main():
             step += 1
             samples += len(idx) * world
         train_s += time.perf_counter() - mark
+        if a.evaluate:
+            accuracy = evaluate(model.module, test_x, test_y, rank, world, fmt)
+            if rank == 0:
+                print(f"epoch {epoch + 1}/{a.epochs}: test accuracy {accuracy:.4f}, "
+                      f"{time.perf_counter() - started:.1f} s since start", flush=True)
     if rank == 0:
         print(json.dumps({"side": "pytorch", "samples_per_second": samples / train_s, "train_seconds": train_s,
                           "steps": step, "world_size": world, "wall_seconds": time.perf_counter() - started}))

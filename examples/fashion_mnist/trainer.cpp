@@ -247,8 +247,9 @@ int train(const TrainerOptions& o) {
     evaluated = true;
     if (lead) {
       bar.finish_line();
-      std::cout << fmt::format("epoch {}/{}: test accuracy {:.4f}, test loss {:.4f}", epoch + 1, o.epochs,
-                               last_eval.accuracy(), last_eval.loss())
+      std::cout << fmt::format("epoch {}/{}: test accuracy {:.4f}, test loss {:.4f}, {:.1f} s since start", epoch + 1,
+                               o.epochs, last_eval.accuracy(), last_eval.loss(),
+                               std::chrono::duration<double>(Clock::now() - started).count())
                 << std::endl;
     }
     resume();
