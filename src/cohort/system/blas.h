@@ -30,9 +30,9 @@ struct ThreadSettings {
 };
 ThreadSettings thread_settings();
 
-// GFLOP/s of an n x n float matrix product (torch::mm) on one thread: 3 warm-up runs,
+// GFLOP/s of an n x n float matrix product (torch::mm) on one thread: 5 warm-up runs,
 // then the median of `runs`. Restores the thread settings afterwards.
-double gemm_gflops_one_core(int n = 512, int runs = 9);
+double gemm_gflops_one_core(int n = 512, int runs = 25);
 
 // One line of advice when the BLAS is the reference one, else "".
 std::string blas_warning(const BlasInfo& blas);

@@ -74,41 +74,37 @@ void Timeline::add(Event e, double entered_us) {
   overhead_us_ += now_us() - entered_us;
 }
 
+namespace {
+Event make_event(Event::Kind kind, std::string name, const char* category, double ts_us, std::int64_t bytes) {
+  Event e;
+  e.kind = kind;
+  e.name = std::move(name);
+  e.category = category;
+  e.ts_us = ts_us;
+  e.bytes = bytes;
+  return e;
+}
+}  // namespace
+
 void Timeline::span(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes) {
   if (!recording()) return;
   const double entered = now_us();
-  Event e;
-  e.kind = Event::Kind::kSpan;
-  e.name = std::move(name);
-  e.category = category;
-  e.ts_us = start_us;
+  Event e = make_event(Event::Kind::kSpan, std::move(name), category, start_us, bytes);
   e.dur_us = std::max(0.0, end_us - start_us);
-  e.bytes = bytes;
   add(std::move(e), entered);
 }
 
 void Timeline::instant(std::string name, const char* category, double at_us, std::int64_t bytes) {
   if (!recording()) return;
   const double entered = now_us();
-  Event e;
-  e.kind = Event::Kind::kInstant;
-  e.name = std::move(name);
-  e.category = category;
-  e.ts_us = at_us;
-  e.bytes = bytes;
-  add(std::move(e), entered);
+  add(make_event(Event::Kind::kInstant, std::move(name), category, at_us, bytes), entered);
 }
 
 void Timeline::async(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes) {
   if (!recording()) return;
   const double entered = now_us();
-  Event begin;
-  begin.kind = Event::Kind::kAsyncBegin;
-  begin.name = std::move(name);
-  begin.category = category;
-  begin.ts_us = start_us;
+  Event begin = make_event(Event::Kind::kAsyncBegin, std::move(name), category, start_us, bytes);
   begin.id = next_async_id_.fetch_add(1, std::memory_order_relaxed);
-  begin.bytes = bytes;
   Event end = begin;
   end.kind = Event::Kind::kAsyncEnd;
   end.ts_us = std::max(start_us, end_us);
