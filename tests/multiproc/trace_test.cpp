@@ -162,7 +162,9 @@ TEST(Stragglers, ASlowRankIsNamedInTheReportAndTheLaunchersSummary) {
 }
 
 TEST(Stragglers, ABalancedRunNamesNoOne) {
-  auto r = cohort_run(2, {}, {"train", "30"});
+  // 60 steps: medians over enough steps that a loaded CI machine's scheduling noise
+  // stays well under the 20% threshold.
+  auto r = cohort_run(2, {}, {"train", "60"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.out.find("[rank0]: stragglers:\n"), std::string::npos) << describe(r);
   EXPECT_NE(r.err.find("no straggler"), std::string::npos) << describe(r);
