@@ -53,6 +53,19 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--straggler-threshold", o.straggler_threshold,
                  "Name the ranks slower than the fastest by more than this fraction")
       ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--pipeline-stages", o.pipeline_stages,
+                 "Cut the model into this many pipeline stages, one per rank; with --nproc-per-node N the job "
+                 "runs N/S data-parallel replicas of the pipeline (1: no pipeline)")
+      ->check(CLI::Range(1, 4));
+  app.add_option("--microbatches", o.microbatches, "Micro-batches per step in the pipeline (0: twice the stages)")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--pipeline-schedule", o.pipeline_schedule, "gpipe, 1f1b, interleaved or zero-bubble")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zero-bubble"}));
+  app.add_option("--virtual-stages", o.virtual_stages, "Stages per rank for --pipeline-schedule interleaved")
+      ->check(CLI::Range(1, 4));
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "Keep only each pipeline stage's inputs in forward and recompute the stage in backward "
+               "(needs --pipeline-stages > 1 for now)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -62,6 +75,20 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     std::cerr << "fashion_mnist: " << e.what() << "\nRun with --help for the flags.\n";
     std::exit(2);
   }
+  auto refuse = [](const std::string& why) {
+    std::cerr << "fashion_mnist: " << why << "\nRun with --help for the flags.\n";
+    std::exit(2);
+  };
+  if (o.microbatches == 0) o.microbatches = 2 * o.pipeline_stages;
+  if (o.pipeline_stages == 1 && (o.pipeline_schedule != "1f1b" || o.virtual_stages != 1 || o.activation_checkpointing))
+    refuse("--pipeline-schedule, --virtual-stages and --activation-checkpointing need --pipeline-stages 2 or more");
+  if (o.pipeline_stages * o.virtual_stages > 4)
+    refuse("--pipeline-stages " + std::to_string(o.pipeline_stages) + " x --virtual-stages " +
+           std::to_string(o.virtual_stages) + " asks for " + std::to_string(o.pipeline_stages * o.virtual_stages) +
+           " stages, but the model has 4 layers with weights (conv1, conv2, fc1, fc2); use at most 4 in all");
+  if (o.pipeline_stages > 1 && o.microbatches > o.batch_size)
+    refuse("--microbatches " + std::to_string(o.microbatches) + " is more than --batch-size " +
+           std::to_string(o.batch_size) + "; every micro-batch needs a sample");
   return o;
 }
 

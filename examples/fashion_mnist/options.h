@@ -26,6 +26,12 @@ struct TrainerOptions {
   std::string memory_format = "channels-last";  // channels-last | contiguous (conv weights and input)
   std::int64_t straggler_every = 0;  // steps between straggler reports; 0: at the end only
   double straggler_threshold = 0.2;  // a rank over 20% slower than the fastest is named
+  // Pipeline parallelism (docs/pipeline.md): 1 stage is plain DDP.
+  int pipeline_stages = 1;
+  int microbatches = 0;  // 0: twice the stages
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zero-bubble
+  int virtual_stages = 1;  // stages per rank, interleaved only
+  bool activation_checkpointing = false;  // recompute each stage's forward in backward
 };
 
 // Parses argv. Returns nullopt after printing help. On a bad flag, prints what is

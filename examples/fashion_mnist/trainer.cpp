@@ -12,17 +12,18 @@
 #include <optional>
 
 #include "cohort/checkpoint/checkpointer.h"
+#include "cohort/checkpoint/atomic_file.h"
 #include "cohort/checkpoint/state_dict.h"
+#include "cohort/checkpoint/torch_format.h"
 #include "cohort/comm/world.h"
 #include "cohort/data/distributed_sampler.h"
 #include "cohort/data/fashion_mnist.h"
-#include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/errors.h"
 #include "evaluate.h"
 #include "cohort/trace/step_profiler.h"
-#include "model.h"
 #include "performance.h"
 #include "progress.h"
+#include "strategy.h"
 
 namespace fashion_mnist {
 namespace {
@@ -42,12 +43,11 @@ c10::Device choose_device(const TrainerOptions& o, const cohort::comm::World& wo
   return c10::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % count));
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, FashionNet& model) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, torch::nn::Module& model) {
   if (o.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(model->parameters(),
-                                               torch::optim::SGDOptions(o.lr).momentum(0.9));
+    return std::make_unique<torch::optim::SGD>(model.parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9));
   }
-  return std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(o.lr));
+  return std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(o.lr));
 }
 
 // Cosine decay from the peak to zero over the run. It follows the fraction of the
@@ -89,21 +89,21 @@ int train(const TrainerOptions& o) {
   FashionMnist train_set(o.data_dir, FashionMnist::Split::kTrain);
   FashionMnist test_set(o.data_dir, FashionMnist::Split::kTest);
 
-  torch::manual_seed(o.seed);
-  FashionNet model;
-  model->to(device);
-  if (o.memory_format == "channels-last") model->use_channels_last();
-  auto optimizer = make_optimizer(o, model);
+  // Every rank builds the same initial weights from the seed; DDP checks that and
+  // broadcasts rank 0's anyway.
+  auto strategy = o.pipeline_stages > 1 ? make_pipeline(o, world, device) : make_data_parallel(o, world, device);
+  auto optimizer = make_optimizer(o, strategy->model());
+  // The data is sharded over the data-parallel replicas: every stage of one pipeline
+  // reads the same batch (the first stage its images, the last its labels).
   cohort::data::DistributedSampler sampler(
       train_set.size().value(),
-      cohort::data::DistributedSamplerOptions(world.rank(), world.size()).seed(o.seed));
+      cohort::data::DistributedSamplerOptions(strategy->replica(), strategy->replicas()).seed(o.seed));
 
-  std::optional<cohort::checkpoint::Checkpointer> checkpointer;
+  std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer;
   cohort::checkpoint::TrainingProgress progress;
   if (!o.checkpoint_dir.empty()) {
-    checkpointer.emplace(o.checkpoint_dir, world.group(),
-                         cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
-    if (auto restored = checkpointer->load_latest(*model, *optimizer, device)) {
+    checkpointer = strategy->checkpointer(o);
+    if (auto restored = strategy->resume(*checkpointer, *optimizer)) {
       progress = restored->progress;
       if (progress.sampler) sampler.load_state(*progress.sampler);
       if (lead) {
@@ -118,10 +118,6 @@ int train(const TrainerOptions& o) {
   // next sample of the epoch with the rest re-sharded, and the learning rate follows
   // samples too. Steps per epoch differ (the batch is per rank); the saved
   // epoch_step is for people, never used to resume.
-  // Every rank now holds the same weights; the wrapper checks that and broadcasts
-  // rank 0's anyway.
-  cohort::ddp::DistributedDataParallel ddp(model, world.group(),
-                                          cohort::ddp::DistributedDataParallelOptions().record_timings(true));
   cohort::trace::StepProfiler profiler(world.timeline());
   std::size_t reported_steps = 0;  // step times already in a periodic straggler report
   auto loader = torch::data::make_data_loader(
@@ -129,7 +125,7 @@ int train(const TrainerOptions& o) {
 
   // Samples per epoch over all ranks: the padded dataset, or the --limit-train-batches
   // share of it.
-  const std::int64_t world_size = world.size();
+  const std::int64_t world_size = strategy->replicas();
   const auto n = static_cast<std::int64_t>(train_set.size().value());
   const std::int64_t global_batch = o.batch_size * world_size;
   std::int64_t epoch_samples = (n + world_size - 1) / world_size * world_size;
@@ -153,7 +149,7 @@ int train(const TrainerOptions& o) {
     progress.epoch_step = epoch_step;
     progress.sampler = sampler.state();
     pause();
-    checkpointer->save(*model, *optimizer, progress, device);
+    checkpointer->save(strategy->model(), *optimizer, progress, device);
     resume();
   };
 
@@ -178,16 +174,8 @@ int train(const TrainerOptions& o) {
       auto& batch = *it;
       const double fraction = (static_cast<double>(epoch * epoch_samples) + done) / run_samples;
       optimizer->param_groups()[0].options().set_lr(learning_rate(o, fraction));
-      torch::Tensor loss;
-      {
-        auto p = profiler.phase("forward");
-        optimizer->zero_grad();
-        loss = torch::nn::functional::cross_entropy(ddp(batch.data.to(device)), batch.target.to(device));
-      }
-      {
-        auto p = profiler.phase("backward");
-        loss.backward();
-      }
+      optimizer->zero_grad();
+      const double loss = strategy->forward_backward(batch.data, batch.target, profiler);
       {
         auto p = profiler.phase("optimizer");
         optimizer->step();
@@ -199,8 +187,7 @@ int train(const TrainerOptions& o) {
       samples_this_run += trained;
 
       if (lead) {
-        const double value = loss.item<double>();
-        running_loss = running_loss < 0 ? value : 0.95 * running_loss + 0.05 * value;
+        running_loss = running_loss < 0 ? loss : 0.95 * running_loss + 0.05 * loss;
         const double elapsed = train_s + std::chrono::duration<double>(Clock::now() - mark).count();
         const double rate = samples_this_run / std::max(elapsed, 1e-9);
         const double left = run_samples - static_cast<double>(epoch * epoch_samples + done);
@@ -222,8 +209,7 @@ int train(const TrainerOptions& o) {
       }
       // The time DDP waited for the other ranks' gradients is theirs, not this rank's
       // (Note [Straggler step times]).
-      const auto& t = ddp.last_timings();
-      profiler.end_step(t.finalize_end_s > t.backward_end_s ? t.finalize_end_s - t.backward_end_s : 0);
+      profiler.end_step(strategy->last_wait_seconds());
       if (o.straggler_every > 0 && progress.step % o.straggler_every == 0) {
         pause();
         report_stragglers(profiler, reported_steps, world, device, o,
@@ -242,7 +228,7 @@ int train(const TrainerOptions& o) {
     pause();
     {
       cohort::trace::Span span(world.timeline().get(), "evaluate");
-      last_eval = evaluate(model, test_set, world.group(), device);
+      last_eval = strategy->evaluate(test_set);
     }
     evaluated = true;
     if (lead) {
@@ -260,16 +246,18 @@ int train(const TrainerOptions& o) {
   }
   pause();
   if (lead) bar.finish_line();
-  if (!evaluated) last_eval = evaluate(model, test_set, world.group(), device);
+  if (!evaluated) last_eval = strategy->evaluate(test_set);
   report_stragglers(profiler, 0, world, device, o,
                     fmt::format("straggler report, all {} steps of this run:", profiler.steps()), true);
 
   // Rank 0 writes the final weights; every rank learns whether that worked, and the
   // largest worker's peak memory, in one all-reduce.
   std::string final_error;
+  c10::Dict<std::string, at::Tensor> final_state;
+  if (!o.save_final.empty()) final_state = strategy->final_state();  // collective
   if (!o.save_final.empty() && lead) {
     try {
-      cohort::checkpoint::save_state_dict(*model, o.save_final);
+      cohort::checkpoint::write_file_atomically(o.save_final, cohort::checkpoint::torch_save_bytes(final_state));
     } catch (const std::exception& e) {
       final_error = e.what();
     }
@@ -283,6 +271,7 @@ int train(const TrainerOptions& o) {
                              : fmt::format("rank 0 could not write --save-final {}; its log says why", o.save_final));
   }
 
+  auto strategy_summary = strategy->summary();  // collective
   if (lead) {
     nlohmann::json summary = {
         {"test_accuracy", last_eval.accuracy()},
@@ -297,6 +286,7 @@ int train(const TrainerOptions& o) {
         {"samples", samples_this_run},
         {"device", device.str()},
     };
+    summary.update(strategy_summary);
     summary.update(performance_summary(profiler, samples_this_run / std::max(train_s, 1e-9), world, device));
     std::cout << summary.dump() << std::endl;
   }

@@ -241,6 +241,35 @@ TEST(ElasticFaults, KilledWorkerRestartsAndEndsWithTheWeightsOfAFaultFreeRun) {
   expect_no_orphans(job);
 }
 
+// 1b. The same for a pipeline: stage 1 (rank 1) killed mid-training; every stage
+//     resumes from the same step and the job ends with the weights of a fault-free run.
+TEST(ElasticFaults, KilledPipelineStageRestartsAndEndsWithTheWeightsOfAFaultFreeRun) {
+  Training t(4000);
+  const std::vector<std::string> pipeline = {"--pipeline-stages", "2", "--microbatches", "4"};
+  const auto straight = t.dir.path + "/straight.pt", faulted = t.dir.path + "/faulted.pt";
+  Job clean;
+  auto r = cohort::testing::run_process(
+      agent(clean, "1", 2, {"--max-restarts", "2"},
+            with(with(training(t.data, t.dir.path + "/clean"), pipeline), {"--save-final", straight})),
+      240s, kEnv);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+
+  Job job;
+  Subprocess run(agent(job, "1", 2, {"--max-restarts", "2"}, with(with(t.args, pipeline), {"--save-final", faulted})),
+                 kEnv);
+  const pid_t victim = worker_of_rank(run, 1);
+  ASSERT_GT(victim, 0) << run.err();
+  ASSERT_TRUE(wait_until({&run}, checkpoint_of(t.ckpt + "/stage-1", 20), 120s)) << run.err();
+  ::kill(victim, SIGKILL);
+  auto done = run.finish(240s);
+  ASSERT_EQ(done.exit_code, 0) << describe(done);
+  EXPECT_TRUE(contains(done.err, "signal SIGKILL")) << done.err;
+  EXPECT_GE(resumed_step(done.out), 20) << done.out;
+  EXPECT_TRUE(cohort::testing::bitwise_equal(straight, faulted))
+      << "largest difference " << cohort::testing::max_difference(straight, faulted);
+  expect_no_orphans(job);
+}
+
 // 2. The same with --max-restarts 0: exit 1 naming the rank and the signal, and
 //    every process gone within 2x the monitor interval.
 TEST(ElasticFaults, KilledWorkerWithoutRestartsEndsTheJobNamingRankAndSignal) {

@@ -154,3 +154,55 @@ TEST(Trainer, BadFlagsExitTwoNamingTheFlag) {
   EXPECT_NE(m.exit_code, 0);
   EXPECT_NE(m.err.find("dataset-fashion-mnist"), std::string::npos) << describe(m);
 }
+
+// --pipeline-stages 2: the model cut in two stages on two ranks, 4 micro-batches per
+// step, equals the plain trainer on one rank with the same batch (same samples, same
+// steps; only the order of float sums differs). Python loads the assembled weights.
+TEST(Trainer, TwoStagePipelineEqualsOneRankAndPythonLoadsItsWeights) {
+  TempDir dir("cohort-trainer");
+  const auto piped = dir.path + "/piped.pt", plain = dir.path + "/plain.pt", resaved = dir.path + "/resaved.pt";
+  auto p = run_trainer(2, with(kQuick, {"--batch-size", "32", "--pipeline-stages", "2", "--microbatches", "4",
+                                        "--pipeline-schedule", "zero-bubble", "--save-final", piped}));
+  ASSERT_EQ(p.exit_code, 0) << describe(p);
+  auto r = run_trainer(1, with(kQuick, {"--batch-size", "32", "--save-final", plain}));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_LT(max_difference(piped, plain), 1e-5);
+  EXPECT_NE(p.out.find("\"schedule\":\"zero-bubble\""), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("\"bubble_fraction_measured\""), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("\"peak_live_microbatches\""), std::string::npos) << p.out;
+  auto py = cohort::testing::run_process(
+      {COHORT_PYTHON_PATH, COHORT_CHECK_STATE_DICT_PATH, piped, "/usr/share/datasets/fashion-mnist", resaved}, 120s);
+  ASSERT_EQ(py.exit_code, 0) << describe(py);
+  EXPECT_NE(py.out.find(R"("keys": ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", )"),
+            std::string::npos)
+      << py.out;
+}
+
+// 4 ranks: 2 replicas of a 2-stage interleaved pipeline (2 virtual stages per rank),
+// each stage under DDP, with recomputation: the same as the plain trainer on 2 ranks.
+TEST(Trainer, TwoReplicasOfAPipelineEqualTwoPlainRanks) {
+  TempDir dir("cohort-trainer");
+  const auto piped = dir.path + "/piped.pt", plain = dir.path + "/plain.pt";
+  auto p = run_trainer(4, with(kQuick, {"--batch-size", "16", "--pipeline-stages", "2", "--virtual-stages", "2",
+                                        "--pipeline-schedule", "interleaved", "--microbatches", "4",
+                                        "--activation-checkpointing", "--save-final", piped}));
+  ASSERT_EQ(p.exit_code, 0) << describe(p);
+  auto r = run_trainer(2, with(kQuick, {"--batch-size", "16", "--save-final", plain}));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_LT(max_difference(piped, plain), 1e-5);
+  EXPECT_NE(p.out.find("\"data_parallel_replicas\":2"), std::string::npos) << p.out;
+}
+
+TEST(Trainer, PipelineFlagsThatCannotWorkExitTwo) {
+  auto bad = cohort::testing::run_process({COHORT_TRAINER_PATH, "--pipeline-schedule", "gpipe"}, 30s);
+  EXPECT_EQ(bad.exit_code, 2) << describe(bad);
+  EXPECT_NE(bad.err.find("need --pipeline-stages 2 or more"), std::string::npos) << bad.err;
+  auto many = cohort::testing::run_process({COHORT_TRAINER_PATH, "--pipeline-stages", "4", "--virtual-stages", "2"}, 30s);
+  EXPECT_EQ(many.exit_code, 2) << describe(many);
+  EXPECT_NE(many.err.find("asks for 8 stages"), std::string::npos) << many.err;
+  // 3 processes cannot form pipelines of 2 stages: every rank says so.
+  auto odd = run_trainer(3, with(kQuick, {"--pipeline-stages", "2"}));
+  EXPECT_NE(odd.exit_code, 0) << describe(odd);
+  EXPECT_NE((odd.out + odd.err).find("3 ranks cannot form pipelines of 2 stages"), std::string::npos) << describe(odd);
+}
+

@@ -228,9 +228,20 @@ void Checkpointer::prune() const {
   fsync_directory(directory_);
 }
 
-std::optional<std::int64_t> Checkpointer::newest_good_step() const {
+std::optional<std::int64_t> Checkpointer::newest_good_step(std::optional<std::int64_t> at_most) const {
   auto steps = steps_on_disk();
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (at_most && *it > *at_most) {
+      const fs::path from = path_of(*it);
+      fs::path to = fs::path(directory_) / ("unmatched-" + from.filename().string());
+      for (int n = 1; fs::exists(to); ++n) to = fs::path(directory_) / fmt::format("unmatched-{}.{}", from.filename().string(), n);
+      fs::rename(from, to);
+      fsync_directory(directory_);
+      warn(fmt::format("not resuming from {}: the run resumes step {}, the newest that every part of it has "
+                       "(moved to {})",
+                       from.string(), *at_most, to.string()));
+      continue;
+    }
     try {
       read_verified(path_of(*it), *it, kFiles);
       if (it != steps.rbegin()) {
@@ -262,14 +273,15 @@ std::string Checkpointer::set_aside(std::int64_t step) const {
 
 std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
                                                   torch::optim::Optimizer& optimizer,
-                                                  c10::Device device) {
+                                                  c10::Device device,
+                                                  std::optional<std::int64_t> at_most) {
   // Rank 0 chooses, so that every rank loads the same checkpoint even if one is
   // being damaged while they look.
   auto chosen = torch::full({1}, std::int64_t{-1}, torch::dtype(torch::kInt64).device(device));
   std::string choice_error;
   if (group_.rank() == 0) {
     try {
-      chosen.fill_(newest_good_step().value_or(-1));
+      chosen.fill_(newest_good_step(at_most).value_or(-1));
     } catch (const std::exception& e) {
       choice_error = e.what();
       chosen.fill_(-2);  // tells the others to fail too, instead of waiting

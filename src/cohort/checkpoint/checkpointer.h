@@ -77,8 +77,13 @@ class Checkpointer {
   // newer ones are skipped with a warning and renamed corrupt-step-N (kept, no
   // longer a step). A checkpoint from another model is a
   // cohort::ConfigError (no fallback: an older one would not fit either).
+  //
+  // With `at_most`, steps newer than it are not loaded: they are moved aside to
+  // unmatched-step-N (kept, no longer a step, so later saves are not refused). Used
+  // when several checkpointers must resume the same step, as pipeline stages do
+  // (pipeline/checkpoint.h).
   std::optional<Restored> load_latest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                      c10::Device device);
+                                      c10::Device device, std::optional<std::int64_t> at_most = std::nullopt);
 
   // Steps of the complete checkpoints on disk, oldest first (checksums not checked).
   std::vector<std::int64_t> steps_on_disk() const;
@@ -87,7 +92,7 @@ class Checkpointer {
 
  private:
   void warn(const std::string& message) const;
-  std::optional<std::int64_t> newest_good_step() const;
+  std::optional<std::int64_t> newest_good_step(std::optional<std::int64_t> at_most) const;
   void write(const std::string& final_path, const std::vector<std::string>& files,
              const std::vector<std::string>& contents) const;
   void prune() const;

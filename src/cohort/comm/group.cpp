@@ -220,20 +220,24 @@ void check_peer(const GroupState& g, const char* op, int peer, const char* role)
 }
 }  // namespace
 
-void Group::send(const at::Tensor& tensor, int dst, int tag) {
+void Group::send(const at::Tensor& tensor, int dst, int tag) { send_async(tensor, dst, tag).wait(); }
+
+void Group::recv(at::Tensor& tensor, int src, int tag) { recv_async(tensor, src, tag).wait(); }
+
+Pending Group::send_async(const at::Tensor& tensor, int dst, int tag) {
   auto& g = checked("send");
   check_tensor(g, "send", tensor);
   check_peer(g, "send", dst, "destination");
   std::vector<at::Tensor> tensors{tensor};
-  launch("send", tensor.nbytes(), [&] { return g.backend->send(tensors, dst, tag); }).wait();
+  return launch("send", tensor.nbytes(), [&] { return g.backend->send(tensors, dst, tag); });
 }
 
-void Group::recv(at::Tensor& tensor, int src, int tag) {
+Pending Group::recv_async(at::Tensor& tensor, int src, int tag) {
   auto& g = checked("recv");
   check_tensor(g, "recv", tensor);
   check_peer(g, "recv", src, "source");
   std::vector<at::Tensor> tensors{tensor};
-  launch("recv", tensor.nbytes(), [&] { return g.backend->recv(tensors, src, tag); }).wait();
+  return launch("recv", tensor.nbytes(), [&] { return g.backend->recv(tensors, src, tag); });
 }
 
 }  // namespace cohort::comm

@@ -82,6 +82,11 @@ class Group {
   void barrier();
   void send(const at::Tensor& tensor, int dst, int tag = 0);
   void recv(at::Tensor& tensor, int src, int tag = 0);
+  // Point-to-point without waiting: keep `tensor` alive and unchanged until wait().
+  // A send may not complete before the peer posts the matching recv (Gloo waits for
+  // it), so a rank that sends and then receives should send asynchronously.
+  Pending send_async(const at::Tensor& tensor, int dst, int tag = 0);
+  Pending recv_async(at::Tensor& tensor, int src, int tag = 0);
 
   // The c10d backend, for library code (DDP) that drives it directly. Use
   // track() so that timeouts stay diagnosable (and the operation is traced).

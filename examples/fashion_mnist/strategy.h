@@ -1,0 +1,54 @@
+#pragma once
+// How the trainer spreads the model over the ranks. trainer.cpp's loop is the same
+// for every strategy; each strategy's wiring lives in its own file:
+//   data_parallel.cpp   the whole model on every rank, under cohort's DDP
+//   pipeline_parallel.cpp  the model cut into stages (cohort::pipeline), DDP per stage
+#include <ATen/core/Dict.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "cohort/checkpoint/checkpointer.h"
+#include "cohort/comm/world.h"
+#include "cohort/data/fashion_mnist.h"
+#include "cohort/trace/step_profiler.h"
+#include "evaluate.h"
+#include "options.h"
+
+namespace fashion_mnist {
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  // This rank's part of the model: its optimizer's parameters, what it checkpoints.
+  virtual torch::nn::Module& model() = 0;
+  // Data-parallel replicas and this rank's: the sampler shards the data over them.
+  virtual int replicas() const = 0;
+  virtual int replica() const = 0;
+  // Forward and backward of one step on this replica's batch (gradients in .grad);
+  // returns the batch's mean loss.
+  virtual double forward_backward(const torch::Tensor& data, const torch::Tensor& target,
+                                  cohort::trace::StepProfiler& profiler) = 0;
+  // Seconds of the last step spent waiting for other ranks' gradients (not this
+  // rank's own work, Note [Straggler step times]).
+  virtual double last_wait_seconds() const { return 0; }
+  // Collective: the test set's accuracy and loss, on every rank.
+  virtual Evaluation evaluate(cohort::data::FashionMnist& test) = 0;
+  // Checkpoints: where and over which group.
+  virtual std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer(const TrainerOptions& o) = 0;
+  virtual std::optional<cohort::checkpoint::Restored> resume(cohort::checkpoint::Checkpointer& checkpointer,
+                                                             torch::optim::Optimizer& optimizer) = 0;
+  // Collective: the whole model's state dict, on world rank 0 (empty elsewhere).
+  virtual c10::Dict<std::string, at::Tensor> final_state() = 0;
+  // Collective: the strategy's share of the final JSON line (rank 0 prints it).
+  virtual nlohmann::json summary() { return nlohmann::json::object(); }
+};
+
+std::unique_ptr<Strategy> make_data_parallel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
+std::unique_ptr<Strategy> make_pipeline(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
+
+}  // namespace fashion_mnist
