@@ -60,7 +60,12 @@ std::vector<Shape> shapes() {
     for (int v : {2, 3})
       for (int m : {p, 2 * p, 3 * p}) out.push_back({ScheduleKind::kInterleaved, p, m, v});
   }
-  return out;
+  // With p = 1 some of those coincide (m = 1 = p).
+  auto same = [](const Shape& a, const Shape& b) { return a.kind == b.kind && a.p == b.p && a.m == b.m && a.v == b.v; };
+  std::vector<Shape> unique;
+  for (const auto& c : out)
+    if (std::none_of(unique.begin(), unique.end(), [&](const Shape& u) { return same(u, c); })) unique.push_back(c);
+  return unique;
 }
 
 class ScheduleShapes : public ::testing::TestWithParam<Shape> {};
@@ -89,11 +94,18 @@ TEST_P(ScheduleShapes, ListsAreCompleteAndCrossRanksOnlyWhereTheNextStageIsRemot
         EXPECT_EQ(at(ActionKind::kSendGradient) < list.size(), remote_prev);
         EXPECT_EQ(at(ActionKind::kSendActivation) < list.size(), remote_next);
         EXPECT_EQ(at(ActionKind::kRecvGradient) < list.size(), remote_next);
-        if (remote_prev) EXPECT_EQ(at(ActionKind::kRecvActivation) + 1, f);  // just before the forward
-        if (remote_next) EXPECT_EQ(at(ActionKind::kSendActivation), f + 1);  // just after it
-        if (remote_next) EXPECT_EQ(at(ActionKind::kRecvGradient) + 1, b);
-        if (remote_prev) EXPECT_EQ(at(ActionKind::kSendGradient), b + 1);
-        if (split) EXPECT_LT(b, at(ActionKind::kBackwardWeight));
+        // Each receive just before the action that needs it, each send just after.
+        if (remote_prev) {
+          EXPECT_EQ(at(ActionKind::kRecvActivation) + 1, f);
+          EXPECT_EQ(at(ActionKind::kSendGradient), b + 1);
+        }
+        if (remote_next) {
+          EXPECT_EQ(at(ActionKind::kSendActivation), f + 1);
+          EXPECT_EQ(at(ActionKind::kRecvGradient) + 1, b);
+        }
+        if (split) {
+          EXPECT_LT(b, at(ActionKind::kBackwardWeight));
+        }
         EXPECT_EQ(at(ActionKind::kBackwardWeight) < list.size(), split);
         EXPECT_EQ(at(ActionKind::kBackward) < list.size(), !split);
       }
@@ -198,7 +210,8 @@ TEST(ScheduleInterleaved, PlacesStageSOnRankSModPAndWalksChunksInRoundsOfP) {
   EXPECT_LT(position(s.actions[1], ActionKind::kSendActivation, 1, 0), s.actions[1].size());
   EXPECT_LT(position(s.actions[0], ActionKind::kRecvActivation, 2, 0), s.actions[0].size());
   // With one rank every stage is local: nothing is sent.
-  for (const auto& a : build(ScheduleKind::kInterleaved, 1, 3, 3).actions[0])
+  const auto single = build(ScheduleKind::kInterleaved, 1, 3, 3);
+  for (const auto& a : single.actions[0])
     EXPECT_TRUE(a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward) << to_string(a);
 }
 

@@ -223,8 +223,8 @@ struct Run {
     for (std::size_t i = 1; i < waits.size(); ++i) text += (i > 1 ? "; " : "") + waits[i];
   }
   throw ConfigError(fmt::format("cohort pipeline: the {} schedule for {} ranks and {} micro-batches deadlocks: {}. "
-                                "Reorder the lists so that each receive's send, and each action's inputs, come "
-                                "before anything their rank waits on first",
+                                "Reorder the lists: a rank must post each send before it waits on anything that "
+                                "needs that send, and run each action after the actions it consumes",
                                 to_string(s.kind), s.ranks, s.microbatches, text));
 }
 
