@@ -64,6 +64,7 @@ class PipelineParallel : public Strategy {
   torch::nn::Module& model() override { return *pipe_.local_module(); }
   int replicas() const override { return mesh_.data_size(); }
   int replica() const override { return mesh_.data_rank(); }
+  std::int64_t min_batch_rows() const override { return pipe_.schedule().microbatches; }
 
   double forward_backward(const torch::Tensor& data, const torch::Tensor& target,
                           cohort::trace::StepProfiler& profiler) override {
@@ -107,6 +108,7 @@ class PipelineParallel : public Strategy {
   }
 
   std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer(const TrainerOptions& o) override {
+    checkpoint_root_ = o.checkpoint_dir;
     return std::make_unique<cohort::checkpoint::Checkpointer>(
         stage_directory(o.checkpoint_dir, pipe_), mesh_.data_group(),
         cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
@@ -114,7 +116,7 @@ class PipelineParallel : public Strategy {
 
   std::optional<cohort::checkpoint::Restored> resume(cohort::checkpoint::Checkpointer& checkpointer,
                                                      torch::optim::Optimizer& optimizer) override {
-    return load_agreed(checkpointer, *pipe_.local_module(), optimizer, world_.group(), device_);
+    return load_agreed(checkpoint_root_, pipe_, checkpointer, optimizer, world_.group(), device_);
   }
 
   c10::Dict<std::string, at::Tensor> final_state() override {
@@ -189,6 +191,7 @@ class PipelineParallel : public Strategy {
   c10::Device device_;
   Mesh mesh_;
   bool recompute_ = false;
+  std::string checkpoint_root_;
   Pipeline pipe_;
   double step_seconds_ = 0, compute_seconds_ = 0;
   int peak_live_ = 0;

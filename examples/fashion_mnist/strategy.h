@@ -29,6 +29,9 @@ class Strategy {
   // Data-parallel replicas and this rank's: the sampler shards the data over them.
   virtual int replicas() const = 0;
   virtual int replica() const = 0;
+  // The fewest rows a batch may have (a pipeline cuts it into this many micro-batches);
+  // the loop skips an epoch's last batch when it is shorter (Note [Short last batch]).
+  virtual std::int64_t min_batch_rows() const { return 1; }
   // Forward and backward of one step on this replica's batch (gradients in .grad);
   // returns the batch's mean loss.
   virtual double forward_backward(const torch::Tensor& data, const torch::Tensor& target,

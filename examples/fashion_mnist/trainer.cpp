@@ -143,6 +143,7 @@ int train(const TrainerOptions& o) {
   Evaluation last_eval;
   bool evaluated = false;
   bool stopped = false;  // by --max-steps
+  bool warned_short = false;
 
   auto save = [&](std::int64_t epoch, std::int64_t epoch_step) {
     progress.epoch = epoch;
@@ -170,8 +171,24 @@ int train(const TrainerOptions& o) {
       it = loader->begin();
     }
     for (; it != loader->end();) {
-      profiler.begin_step(progress.step + 1);
       auto& batch = *it;
+      if (batch.data.size(0) < strategy->min_batch_rows()) {
+        // Note [Short last batch]: only an epoch's last batch can be short (the
+        // sampler pads the replicas to equal shares), and a pipeline cannot cut it
+        // into its micro-batches. Every replica skips it alike, as a data loader with
+        // drop_last would; its samples count as seen, so a resume lands where it would.
+        if (lead && !warned_short) {
+          std::cout << fmt::format("note: skipping each epoch's last batch of {} rows per replica: the pipeline "
+                                   "cuts a batch into {} micro-batches (use a --batch-size that divides the "
+                                   "data, or fewer --microbatches)",
+                                   batch.data.size(0), strategy->min_batch_rows())
+                    << std::endl;
+        }
+        warned_short = true;
+        done += static_cast<std::int64_t>(batch.data.size(0)) * world_size;
+        break;
+      }
+      profiler.begin_step(progress.step + 1);
       const double fraction = (static_cast<double>(epoch * epoch_samples) + done) / run_samples;
       optimizer->param_groups()[0].options().set_lr(learning_rate(o, fraction));
       optimizer->zero_grad();

@@ -106,6 +106,14 @@ TEST(PipelineShapes, SequenceLengthsVaryAcrossMicroBatches) {
   expect_all_ok(run(2, {"varlen", "zero-bubble", "3"}), 2, "varlen");
 }
 
+TEST(PipelineState, AStageWithMoreEntriesThanOneTransferIsAssembled) {
+  expect_all_ok(run(2, {"big_state"}), 2, "big_state");
+}
+
+TEST(PipelineState, AStageWithoutParametersUnderDataParallel) {
+  expect_all_ok(run(4, {"parameterless_stage"}), 4, "parameterless_stage");
+}
+
 TEST(PipelineErrors, MismatchedMicroBatchCountsAreRefusedOnEveryRank) {
   auto r = run(2, {"mismatch"});
   expect_all_ok(r, 2, "mismatch");
@@ -117,6 +125,15 @@ TEST(PipelineErrors, OneF1BWithFewerMicroBatchesThanStagesIsRefused) {
   auto r = run(2, {"parity", "1f1b", "2", "1"});
   EXPECT_EQ(r.exit_code, 1) << describe(r);
   EXPECT_NE(r.err.find("micro-batches"), std::string::npos) << describe(r);
+}
+
+TEST(PipelineErrors, AStageWhoseForwardFailsIsNamed) {
+  auto r = run(2, {"bad_input"}, {{"COHORT_TIMEOUT", "10"}});
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("pipeline rank 0 (global rank 0), stage 0, at F0@s0 (forward of micro-batch 0) failed: "),
+            std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.err.find("shapes cannot be multiplied"), std::string::npos) << describe(r);
 }
 
 TEST(PipelineErrors, AStageThatStopsAnsweringIsNamedWithinTheTimeout) {

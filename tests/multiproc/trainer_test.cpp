@@ -6,6 +6,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -191,6 +192,62 @@ TEST(Trainer, TwoReplicasOfAPipelineEqualTwoPlainRanks) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_LT(max_difference(piped, plain), 1e-5);
   EXPECT_NE(p.out.find("\"data_parallel_replicas\":2"), std::string::npos) << p.out;
+}
+
+// 130 samples over 2 replicas of a 2-stage pipeline: 65 each, batches of 32, 32 and 1
+// rows, and 4 micro-batches per step. The 1-row batch cannot be cut, so every rank
+// skips it alike (Note [Short last batch]); the epoch ends, is saved and resumes.
+TEST(Trainer, PipelineSkipsALastBatchShorterThanItsMicroBatches) {
+  TempDir dir("cohort-trainer");
+  const auto data = cohort::testing::fashion_subset(dir.path, 130);
+  const auto ckpt = dir.path + "/ckpt";
+  const std::vector<std::string> args = {"--data-dir", data, "--batch-size", "32", "--pipeline-stages", "2",
+                                         "--microbatches", "4", "--optimizer", "sgd", "--checkpoint-dir", ckpt};
+  auto r = run_trainer(4, with(args, {"--epochs", "2"}));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("skipping each epoch's last batch of 1 rows per replica"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"steps\":4,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"samples\":256"), std::string::npos) << r.out;
+  auto more = run_trainer(4, with(args, {"--epochs", "3"}));
+  ASSERT_EQ(more.exit_code, 0) << describe(more);
+  EXPECT_NE(more.out.find("resuming from " + ckpt + "/stage-0/step-000000004"), std::string::npos) << more.out;
+  EXPECT_NE(more.out.find("\"samples\":128"), std::string::npos) << more.out;
+}
+
+// Checkpoints cut for 2 stages cannot resume 4: every rank refuses, naming both
+// layouts, and nothing in the directory moves (Note [Pipeline layouts]). The same
+// layout then resumes from them.
+TEST(Trainer, PipelineCheckpointsRefuseAnotherCutAndKeepTheirSteps) {
+  TempDir dir("cohort-trainer");
+  const auto data = cohort::testing::fashion_subset(dir.path, 256);
+  const auto ckpt = dir.path + "/ckpt";
+  const std::vector<std::string> args = {"--data-dir", data, "--epochs", "1", "--batch-size", "16",
+                                         "--microbatches", "4", "--optimizer", "sgd", "--checkpoint-dir", ckpt,
+                                         "--checkpoint-every", "1"};
+  auto first = run_trainer(2, with(args, {"--pipeline-stages", "2", "--max-steps", "3"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(ckpt)) names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = listing();
+  ASSERT_FALSE(before.empty());
+  auto other = run_trainer(4, with(args, {"--pipeline-stages", "4"}));
+  EXPECT_NE(other.exit_code, 0) << describe(other);
+  const std::string refusal =
+      "were written by a pipeline of 2 stages (2 pipeline ranks x 1 virtual stages); this run has 4 stages (4 "
+      "pipeline ranks x 1 virtual stages)";
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(other.err.find("[rank" + std::to_string(rank) + "]: error: cohort pipeline: the checkpoints in " + ckpt +
+                             " " + refusal),
+              std::string::npos)
+        << describe(other);
+  EXPECT_EQ(listing(), before);
+  auto again = run_trainer(2, with(args, {"--pipeline-stages", "2"}));
+  ASSERT_EQ(again.exit_code, 0) << describe(again);
+  EXPECT_NE(again.out.find("resuming from " + ckpt + "/stage-0/step-000000003"), std::string::npos) << again.out;
 }
 
 TEST(Trainer, PipelineFlagsThatCannotWorkExitTwo) {

@@ -3,15 +3,26 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cohort/checkpoint/atomic_file.h"
 #include "cohort/errors.h"
 
 namespace cohort::pipeline {
+
+namespace fs = std::filesystem;
 
 std::string stage_directory(const std::string& root, const Pipeline& pipeline) {
   return fmt::format("{}/stage-{}", root, pipeline.stages().front().index());
 }
 
+std::string layout_path(const std::string& root) { return root + "/pipeline.json"; }
+
 namespace {
+
 // The minimum and the maximum of `value` over the group, in one all-reduce.
 std::pair<std::int64_t, std::int64_t> min_max(comm::Group& group, std::int64_t value, c10::Device device) {
   auto t = at::tensor(std::vector<std::int64_t>{value, -value}, at::TensorOptions().dtype(at::kLong)).to(device);
@@ -19,11 +30,105 @@ std::pair<std::int64_t, std::int64_t> min_max(comm::Group& group, std::int64_t v
   auto cpu = t.cpu();
   return {cpu[0].item<std::int64_t>(), -cpu[1].item<std::int64_t>()};
 }
+
+struct Layout {
+  std::int64_t ranks = 0;  // 0: no layout recorded
+  std::int64_t virtual_stages = 0;
+  bool operator==(const Layout& o) const { return ranks == o.ranks && virtual_stages == o.virtual_stages; }
+  std::string describe() const {
+    return fmt::format("{} stages ({} pipeline ranks x {} virtual stages)", ranks * virtual_stages, ranks,
+                       virtual_stages);
+  }
+};
+
+Layout read_layout(const std::string& path) {
+  if (!fs::exists(path)) return {};
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    auto j = nlohmann::json::parse(text.str());
+    Layout l{j.at("pipeline_ranks").get<std::int64_t>(), j.at("virtual_stages").get<std::int64_t>()};
+    if (l.ranks < 1 || l.virtual_stages < 1) throw std::invalid_argument("a count below 1");
+    return l;
+  } catch (const std::exception& e) {
+    throw DataError(fmt::format("cohort pipeline: {} is not a pipeline layout ({}). It records which cut of the "
+                                "model wrote the checkpoints beside it; restore it, or move the checkpoint "
+                                "directory aside to start afresh",
+                                path, e.what()));
+  }
+}
+
+// Whether any stage directory under root, of any layout, holds a checkpoint.
+bool any_checkpoint(const std::string& root) {
+  if (!fs::is_directory(root)) return false;
+  for (const auto& stage : fs::directory_iterator(root)) {
+    if (!stage.is_directory() || stage.path().filename().string().rfind("stage-", 0) != 0) continue;
+    for (const auto& entry : fs::directory_iterator(stage.path()))
+      if (entry.path().filename().string().rfind("step-", 0) == 0) return true;
+  }
+  return false;
+}
+
+// Note [Pipeline layouts]
+// Each stage's checkpoint holds only its own layers, under the whole model's names,
+// so checkpoints cut for S stages cannot resume a run cut into S' stages: stage-1
+// of a 2-stage cut holds what stages 1-3 of a 4-stage cut hold. Without a check the
+// new stages find no checkpoint, the agreed step is "none", and every stage would
+// move its good checkpoints aside and start from scratch. So the root records the
+// layout, everyone's rank 0 compares it, and all ranks refuse together before
+// anything on disk changes. The data-parallel width may change freely (the replicas
+// of a stage hold the same weights).
+void check_layout(const std::string& root, const Layout& mine, comm::Group& everyone, c10::Device device) {
+  enum Status : std::int64_t { kAgreed = 0, kOther = 1, kFailed = 2 };
+  std::vector<std::int64_t> verdict{kAgreed, 0, 0};
+  std::string failure;
+  if (everyone.rank() == 0) {
+    try {
+      const Layout saved = read_layout(layout_path(root));
+      if (saved.ranks != 0 && !(saved == mine) && any_checkpoint(root)) {
+        verdict = {kOther, saved.ranks, saved.virtual_stages};
+      } else if (!(saved == mine)) {
+        fs::create_directories(root);
+        nlohmann::json j{{"format", "cohort-pipeline-layout"},
+                         {"version", 1},
+                         {"pipeline_ranks", mine.ranks},
+                         {"virtual_stages", mine.virtual_stages},
+                         {"stages", mine.ranks * mine.virtual_stages}};
+        checkpoint::write_file_atomically(layout_path(root), j.dump(2) + "\n");
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+      verdict = {kFailed, 0, 0};
+    }
+  }
+  auto t = at::tensor(verdict, at::TensorOptions().dtype(at::kLong)).to(device);
+  everyone.broadcast(t, 0);
+  auto v = t.cpu();
+  const auto* d = v.data_ptr<std::int64_t>();
+  if (d[0] == kFailed)
+    throw Error(everyone.rank() == 0 ? failure
+                                     : fmt::format("cohort pipeline: rank 0 could not check {}; its log says why",
+                                                   layout_path(root)));
+  if (d[0] == kOther) {
+    const Layout saved{d[1], d[2]};
+    throw ConfigError(fmt::format(
+        "cohort pipeline: the checkpoints in {} were written by a pipeline of {}; this run has {}. Each stage's "
+        "checkpoint holds only its own layers, so it cannot resume another cut of the model. Resume with the same "
+        "layout (cohort's trainer: --pipeline-stages {} --virtual-stages {}), or start afresh with another "
+        "checkpoint directory. Nothing was moved or deleted",
+        root, saved.describe(), mine.describe(), saved.ranks, saved.virtual_stages));
+  }
+}
+
 }  // namespace
 
-std::optional<checkpoint::Restored> load_agreed(checkpoint::Checkpointer& checkpointer, torch::nn::Module& model,
+std::optional<checkpoint::Restored> load_agreed(const std::string& root, const Pipeline& pipeline,
+                                                checkpoint::Checkpointer& checkpointer,
                                                 torch::optim::Optimizer& optimizer, comm::Group& everyone,
                                                 c10::Device device) {
+  check_layout(root, Layout{pipeline.schedule().ranks, pipeline.schedule().virtual_stages}, everyone, device);
+  auto& model = *pipeline.local_module();
   std::optional<std::int64_t> at_most;
   // Each round either agrees or lowers the bound below a step some stage could not
   // load (it was corrupt and moved aside), so the rounds are bounded by the steps kept.

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -143,9 +144,16 @@ void Pipeline::check_agreement() {
 }
 
 void Pipeline::data_parallel(comm::Group data_group, ddp::DistributedDataParallelOptions options) {
-  if (!ddp_.empty()) throw ConfigError("cohort pipeline: data_parallel() was already called");
-  for (const auto& stage : stages_)
-    ddp_.push_back(std::make_unique<ddp::DistributedDataParallelBase>(stage.module(), data_group, options));
+  if (data_parallel_) throw ConfigError("cohort pipeline: data_parallel() was already called");
+  // A stage with nothing to train (a reshape, an activation) has no gradients to
+  // reduce: it gets no DDP, on every replica alike, since they hold the same stages.
+  for (const auto& stage : stages_) {
+    const auto params = stage.module()->parameters();
+    const bool trainable = std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.requires_grad(); });
+    ddp_.push_back(trainable ? std::make_unique<ddp::DistributedDataParallelBase>(stage.module(), data_group, options)
+                             : nullptr);
+  }
+  data_parallel_ = true;
 }
 
 bool Pipeline::is_first() const { return rank_ == schedule_.rank_of(0); }
@@ -285,6 +293,9 @@ void Pipeline::run_action(Run& run, const Action& action) {
   } catch (const CommError& e) {
     throw CommError(fmt::format("{} failed; that stage most likely died (its output names why). {}", where(action),
                                 e.what()));
+  } catch (const c10::Error& e) {
+    // The stage's own code (its forward, the loss, autograd) failed: say which.
+    throw Error(fmt::format("{} failed: {}", where(action), e.what_without_backtrace()));
   }
 }
 
@@ -322,7 +333,7 @@ void Pipeline::forward_action(Run& run, int s, int m) {
   } else if (schedule_.rank_of(s - 1) == rank_) {
     slot.inputs = as_stage_inputs(run.slots.at({s - 1, m}).outputs);
   }
-  if (!ddp_.empty() && !run.started[c]) {
+  if (!ddp_.empty() && ddp_[c] && !run.started[c]) {
     // Note [Pipeline stages under DDP]: DDP's forward bookkeeping runs once per
     // step, before the stage's first forward; until the stage's last backward its
     // hooks only accumulate (no_sync), and that backward is armed to reduce.
@@ -385,7 +396,7 @@ void Pipeline::backward_action(Run& run, ActionKind kind, int s, int m) {
     }
   }
   const bool final_pass = kind != ActionKind::kBackwardInput;
-  if (final_pass && !ddp_.empty() && run.backwards_done[c] == schedule_.microbatches - 1)
+  if (final_pass && !ddp_.empty() && ddp_[c] && run.backwards_done[c] == schedule_.microbatches - 1)
     ddp_[c]->after_forward(roots);  // Note [Pipeline stages under DDP]: this pass reduces
   TensorList wanted;
   for (const auto& in : slot.inputs)
@@ -458,50 +469,88 @@ TensorList Pipeline::forward(const TensorList& inputs, int microbatches) {
   return joined;
 }
 
+namespace {
+
+// Note [Assembling the state dict]
+// A stage may have more entries than one transfer carries (wire.h's limits on
+// tensors and header slots), so each stage's state dict travels as a series of
+// transfers to pipeline rank 0: first its names ('\n'-separated bytes) with the
+// number of transfers that follow, then its tensors in groups that fit. The
+// transfers are numbered in the micro-batch field of the tag under a stage number
+// no step uses; rank 0 receives them in the order they were sent.
+constexpr int kStateTag = 0xFF;
+
+std::vector<TensorList> fitting_groups(const TensorList& tensors) {
+  std::vector<TensorList> groups(1);
+  std::int64_t slots = 1;  // the header's count
+  for (const auto& t : tensors) {
+    const std::int64_t need = 2 + t.dim();
+    if (static_cast<int>(groups.back().size()) == kMaxWireTensors || slots + need > kHeaderSlots) {
+      groups.emplace_back();
+      slots = 1;
+    }
+    groups.back().push_back(t);
+    slots += need;
+  }
+  return groups;
+}
+
+c10::Dict<std::string, at::Tensor> entries_of(const PipelineStage& stage) {
+  torch::nn::Module holder;
+  for (const auto& [name, child] : stage.state_children()) holder.register_module(name, child);
+  return checkpoint::state_dict(holder);
+}
+
+}  // namespace
+
 c10::Dict<std::string, at::Tensor> Pipeline::full_state_dict() {
-  constexpr int kTagStage = 0xFF;  // outside any step's traffic
-  // Each stage's entries, as names (one uint8 tensor, '\n'-separated) and tensors.
-  auto entries_of = [&](const PipelineStage& stage) {
-    torch::nn::Module holder;
-    for (const auto& [name, child] : stage.state_children()) holder.register_module(name, child);
-    return checkpoint::state_dict(holder);
-  };
   std::map<int, c10::Dict<std::string, at::Tensor>> by_stage;
+  int sequence = 0;  // transfers between this rank and rank 0, in order
   if (rank_ != 0) {
     std::vector<Sent> sends;
-    for (std::size_t c = 0; c < stages_.size(); ++c) {
-      auto dict = entries_of(stages_[c]);
-      std::string names;
+    for (const auto& stage : stages_) {
+      auto dict = entries_of(stage);
+      std::string names;  // never empty: some transports refuse a message of no bytes
       TensorList tensors;
       for (const auto& item : dict) {
         names += item.key() + "\n";
         tensors.push_back(item.value().to(options_.device()));
       }
+      if (names.empty()) names = "\n";
+      auto groups = fitting_groups(tensors);
       auto name_bytes = at::empty({static_cast<std::int64_t>(names.size())}, at::TensorOptions().dtype(at::kByte));
       std::memcpy(name_bytes.data_ptr(), names.data(), names.size());
-      tensors.insert(tensors.begin(), name_bytes.to(options_.device()));
-      sends.push_back(send_tensors(group_, tensors, 0, Direction::kActivation, kTagStage, static_cast<int>(c),
-                                   options_.device()));
+      auto count = at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(groups.size())},
+                              at::TensorOptions().dtype(at::kLong));
+      sends.push_back(send_tensors(group_, {name_bytes.to(options_.device()), count.to(options_.device())}, 0,
+                                   Direction::kActivation, kStateTag, sequence++, options_.device()));
+      for (const auto& g : groups)
+        sends.push_back(
+            send_tensors(group_, g, 0, Direction::kActivation, kStateTag, sequence++, options_.device()));
     }
     for (auto& sent : sends)
       for (auto& p : sent.pending) p.wait();
     return c10::Dict<std::string, at::Tensor>();
   }
-  for (std::size_t c = 0; c < stages_.size(); ++c) by_stage[stages_[c].index()] = entries_of(stages_[c]);
-  for (int r = 1; r < group_.size(); ++r)
+  for (const auto& stage : stages_) by_stage[stage.index()] = entries_of(stage);
+  for (int r = 1; r < group_.size(); ++r) {
+    sequence = 0;
     for (int c = 0; c < schedule_.virtual_stages; ++c) {
-      auto got = recv_tensors(group_, r, Direction::kActivation, kTagStage, c, options_.device());
-      auto bytes = got.at(0).cpu();
+      auto head = recv_tensors(group_, r, Direction::kActivation, kStateTag, sequence++, options_.device());
+      auto bytes = head.at(0).cpu();
       std::string names(reinterpret_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
+      const auto groups = head.at(1).cpu().item<std::int64_t>();
       c10::Dict<std::string, at::Tensor> dict;
       std::size_t start = 0;
-      for (std::size_t k = 1; k < got.size(); ++k) {
-        auto end = names.find('\n', start);
-        dict.insert(names.substr(start, end - start), got[k].cpu());
-        start = end + 1;
-      }
+      for (std::int64_t g = 0; g < groups; ++g)
+        for (const auto& t : recv_tensors(group_, r, Direction::kActivation, kStateTag, sequence++, options_.device())) {
+          auto end = names.find('\n', start);
+          dict.insert(names.substr(start, end - start), t.cpu());
+          start = end + 1;
+        }
       by_stage[r + c * group_.size()] = dict;
     }
+  }
   c10::Dict<std::string, at::Tensor> whole;
   for (const auto& [stage, dict] : by_stage)
     for (const auto& item : dict) {

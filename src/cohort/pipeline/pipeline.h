@@ -137,7 +137,8 @@ class Pipeline {
   Schedule schedule_;
   SimulationResult simulated_;
   std::shared_ptr<torch::nn::Module> local_module_;
-  std::vector<std::unique_ptr<ddp::DistributedDataParallelBase>> ddp_;
+  std::vector<std::unique_ptr<ddp::DistributedDataParallelBase>> ddp_;  // per stage; null: nothing to train
+  bool data_parallel_ = false;
 };
 
 }  // namespace cohort::pipeline

@@ -5,7 +5,7 @@
 //   pipeline_worker parity SCHEDULE STAGES MICROBATCHES [VIRTUAL] [--recompute]
 //   pipeline_worker recompute_dropout SCHEDULE STAGES MICROBATCHES
 //   pipeline_worker varlen SCHEDULE MICROBATCHES
-//   pipeline_worker mismatch | hang
+//   pipeline_worker mismatch | hang | bad_input | big_state | parameterless_stage
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -266,6 +266,95 @@ int hang(World& world) {
   return 1;
 }
 
+// The batch has one feature too few for stage 0's first layer: the error says which
+// stage and which action failed, beside LibTorch's own message.
+int bad_input(World& world) {
+  auto model = make_model();
+  auto parts = split_by_balance(model, {8, 7});
+  Pipeline pipe({PipelineStage(parts[world.rank()], world.rank())}, world.group(),
+                PipelineOptions(cross_entropy()).microbatches(2));
+  auto x = torch::randn({kRows, kIn - 1}, torch::kDouble);
+  auto y = torch::zeros({kRows}, torch::kLong);
+  pipe.step({x}, {y});
+  std::cout << "bad_input FAILED: the step finished" << std::endl;
+  return 1;
+}
+
+// Stage 1 holds more entries, of more dimensions, than one transfer carries: rank 0
+// still assembles the whole state dict, every entry equal to rank 1's.
+struct Many : torch::nn::Module {
+  explicit Many(int n) {
+    for (int i = 0; i < n; ++i) register_parameter("p" + std::to_string(i), torch::randn(std::vector<int64_t>(1 + i % 7, 2)));
+  }
+};
+
+int big_state(World& world) {
+  constexpr int kEntries = 150;
+  torch::manual_seed(21);
+  auto first = std::make_shared<torch::nn::LinearImpl>(2, 2);
+  auto many = std::make_shared<Many>(kEntries);  // the same values on both ranks (same seed)
+  std::vector<PipelineStage> mine;
+  if (world.rank() == 0)
+    mine.emplace_back(first, 0, [first](const TensorList& in) { return TensorList{first->forward(in[0])}; }, "first");
+  else
+    mine.emplace_back(many, 1, [](const TensorList& in) { return in; }, "many");
+  Pipeline pipe(std::move(mine), world.group(), PipelineOptions(cross_entropy()).schedule(ScheduleKind::kGPipe));
+  auto whole = pipe.full_state_dict();
+  if (world.rank() != 0) {
+    const bool ok = whole.empty();
+    std::cout << "big_state " << (ok ? "ok" : "FAILED") << " rank 1" << std::endl;
+    return ok ? 0 : 1;
+  }
+  int equal = 0;
+  for (const auto& item : many->named_parameters())
+    if (whole.contains("many." + item.key()) && torch::equal(whole.at("many." + item.key()), item.value())) ++equal;
+  const bool ok = equal == kEntries && static_cast<int>(whole.size()) == kEntries + 2 && whole.contains("first.weight");
+  std::cout << "big_state " << (ok ? "ok" : "FAILED") << " rank 0 entries " << whole.size() << " equal " << equal
+            << std::endl;
+  return ok ? 0 : 1;
+}
+
+// DP 2 x PP 2 where the last stage has nothing to train (a Tanh): it gets no DDP,
+// the first stage's gradients still equal one process on the whole batch, and the
+// assembled state dict has every parameter (the last stage sends none).
+int parameterless_stage(World& world) {
+  auto make = [] {
+    auto m = make_model();
+    m->push_back("tanh_out", torch::nn::Tanh());
+    return m;
+  };
+  Mesh mesh(world, 2);
+  auto parts = split_by_balance(make(), {2 * kBlocks - 1, 1});
+  Pipeline pipe({PipelineStage(parts[mesh.pipeline_rank()], mesh.pipeline_rank())}, mesh.pipeline_group(),
+                PipelineOptions(cross_entropy()).schedule(ScheduleKind::k1F1B).microbatches(2));
+  pipe.data_parallel(mesh.data_group());
+  auto reference = make();
+  torch::optim::SGD opt(pipe.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = batch(step, mesh.data_size());
+    auto rows = torch::indexing::Slice(mesh.data_rank() * kRows, (mesh.data_rank() + 1) * kRows);
+    opt.zero_grad();
+    pipe.step({x.index({rows})}, {y.index({rows})});
+    opt.step();
+    ref_opt.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    ref_opt.step();
+  }
+  auto whole = pipe.full_state_dict();
+  bool ok = true;
+  double diff = 0;
+  if (mesh.pipeline_rank() == 0) {
+    diff = max_diff(named(*pipe.local_module(), false), named(*reference, false));
+    ok = diff < kTolerance && whole.size() == reference->named_parameters().size();
+  } else {
+    ok = pipe.parameters().empty() && whole.empty();
+  }
+  std::cout << "parameterless_stage " << (ok ? "ok" : "FAILED") << " rank " << world.rank() << " max_param_diff "
+            << diff << " entries " << whole.size() << std::endl;
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -275,6 +364,9 @@ int main(int argc, char** argv) {
     const std::string scenario = a.at(0);
     if (scenario == "mismatch") return mismatch(world);
     if (scenario == "hang") return hang(world);
+    if (scenario == "bad_input") return bad_input(world);
+    if (scenario == "big_state") return big_state(world);
+    if (scenario == "parameterless_stage") return parameterless_stage(world);
     if (scenario == "varlen") return varlen(world, a.at(1), std::stoi(a.at(2)));
     Setup s;
     s.stages = std::stoi(a.at(2));
