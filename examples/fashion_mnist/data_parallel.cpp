@@ -19,15 +19,16 @@ class DataParallel : public Strategy {
   int replicas() const override { return world_.size(); }
   int replica() const override { return world_.rank(); }
 
-  double forward_backward(const torch::Tensor& data, const torch::Tensor& target,
+  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                           cohort::trace::StepProfiler& profiler) override {
     torch::Tensor loss;
     {
       auto p = profiler.phase("forward");
+      auto autocast = precision.autocast();
       loss = torch::nn::functional::cross_entropy(ddp_(data.to(device_)), target.to(device_));
     }
     auto p = profiler.phase("backward");
-    loss.backward();
+    precision.scale(loss).backward();
     return loss.item<double>();
   }
 

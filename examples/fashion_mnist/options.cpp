@@ -66,6 +66,9 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "Keep only each pipeline stage's inputs in forward and recompute the stage in backward "
                "(needs --pipeline-stages > 1 for now)");
+  app.add_option("--amp", o.amp,
+                 "Mixed precision: bf16 (autocast; the CPU's), fp16 (autocast and a GradScaler; CUDA) or off")
+      ->check(CLI::IsMember({"bf16", "fp16", "off"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -86,6 +89,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     refuse("--pipeline-stages " + std::to_string(o.pipeline_stages) + " x --virtual-stages " +
            std::to_string(o.virtual_stages) + " asks for " + std::to_string(o.pipeline_stages * o.virtual_stages) +
            " stages, but the model has 4 layers with weights (conv1, conv2, fc1, fc2); use at most 4 in all");
+  if (o.amp == "fp16" && o.device == "cpu")
+    refuse("--amp fp16 needs --device cuda (the CPU runs autocast in bfloat16); use --amp bf16 on the CPU");
+  if (o.amp != "off" && o.pipeline_stages > 1)
+    refuse("--amp with --pipeline-stages is not supported yet; train the pipeline in float32 (--amp off)");
   if (o.pipeline_stages > 1 && o.microbatches > o.batch_size)
     refuse("--microbatches " + std::to_string(o.microbatches) + " is more than --batch-size " +
            std::to_string(o.batch_size) + "; every micro-batch needs a sample");

@@ -32,6 +32,7 @@ struct TrainerOptions {
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zero-bubble
   int virtual_stages = 1;  // stages per rank, interleaved only
   bool activation_checkpointing = false;  // recompute each stage's forward in backward
+  std::string amp = "off";  // bf16 | fp16 | off (docs/amp.md)
 };
 
 // Parses argv. Returns nullopt after printing help. On a bad flag, prints what is

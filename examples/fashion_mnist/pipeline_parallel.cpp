@@ -66,7 +66,8 @@ class PipelineParallel : public Strategy {
   int replica() const override { return mesh_.data_rank(); }
   std::int64_t min_batch_rows() const override { return pipe_.schedule().microbatches; }
 
-  double forward_backward(const torch::Tensor& data, const torch::Tensor& target,
+  // --amp is refused with pipelines (options.cpp), so `precision` is off here.
+  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& /*precision*/,
                           cohort::trace::StepProfiler& profiler) override {
     auto p = profiler.phase("pipeline");
     auto r = pipe_.step({data.to(device_)}, {target.to(device_)});

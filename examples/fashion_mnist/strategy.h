@@ -17,6 +17,7 @@
 #include "cohort/data/fashion_mnist.h"
 #include "cohort/trace/step_profiler.h"
 #include "evaluate.h"
+#include "mixed_precision.h"
 #include "options.h"
 
 namespace fashion_mnist {
@@ -34,7 +35,8 @@ class Strategy {
   virtual std::int64_t min_batch_rows() const { return 1; }
   // Forward and backward of one step on this replica's batch (gradients in .grad);
   // returns the batch's mean loss.
-  virtual double forward_backward(const torch::Tensor& data, const torch::Tensor& target,
+  // `precision` wraps the forward and the loss in autocast and scales the loss.
+  virtual double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                                   cohort::trace::StepProfiler& profiler) = 0;
   // Seconds of the last step spent waiting for other ranks' gradients (not this
   // rank's own work, Note [Straggler step times]).

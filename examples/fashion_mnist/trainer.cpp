@@ -93,6 +93,7 @@ int train(const TrainerOptions& o) {
   // broadcasts rank 0's anyway.
   auto strategy = o.pipeline_stages > 1 ? make_pipeline(o, world, device) : make_data_parallel(o, world, device);
   auto optimizer = make_optimizer(o, strategy->model());
+  MixedPrecision precision(o, device, world.group());
   // The data is sharded over the data-parallel replicas: every stage of one pipeline
   // reads the same batch (the first stage its images, the last its labels).
   cohort::data::DistributedSampler sampler(
@@ -105,6 +106,7 @@ int train(const TrainerOptions& o) {
     checkpointer = strategy->checkpointer(o);
     if (auto restored = strategy->resume(*checkpointer, *optimizer)) {
       progress = restored->progress;
+      precision.restore(progress);
       if (progress.sampler) sampler.load_state(*progress.sampler);
       if (lead) {
         std::cout << "resuming from " << restored->path << " (epoch " << progress.epoch + 1 << ", step "
@@ -149,6 +151,7 @@ int train(const TrainerOptions& o) {
     progress.epoch = epoch;
     progress.epoch_step = epoch_step;
     progress.sampler = sampler.state();
+    precision.save(progress);
     pause();
     checkpointer->save(strategy->model(), *optimizer, progress, device);
     resume();
@@ -192,10 +195,10 @@ int train(const TrainerOptions& o) {
       const double fraction = (static_cast<double>(epoch * epoch_samples) + done) / run_samples;
       optimizer->param_groups()[0].options().set_lr(learning_rate(o, fraction));
       optimizer->zero_grad();
-      const double loss = strategy->forward_backward(batch.data, batch.target, profiler);
+      const double loss = strategy->forward_backward(batch.data, batch.target, precision, profiler);
       {
         auto p = profiler.phase("optimizer");
-        optimizer->step();
+        precision.step(*optimizer);
       }
       ++progress.step;
       ++epoch_step;
@@ -302,7 +305,9 @@ int train(const TrainerOptions& o) {
         {"peak_rss_mb_max_rank", rss[0].item<double>()},
         {"samples", samples_this_run},
         {"device", device.str()},
+        {"amp", o.amp},
     };
+    if (o.amp == "fp16") summary["amp_scaler"] = {{"scale", precision.loss_scale()}, {"skipped_steps", precision.skipped_steps()}};
     summary.update(strategy_summary);
     summary.update(performance_summary(profiler, samples_this_run / std::max(train_s, 1e-9), world, device));
     std::cout << summary.dump() << std::endl;

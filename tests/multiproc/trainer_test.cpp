@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -248,6 +249,37 @@ TEST(Trainer, PipelineCheckpointsRefuseAnotherCutAndKeepTheirSteps) {
   auto again = run_trainer(2, with(args, {"--pipeline-stages", "2"}));
   ASSERT_EQ(again.exit_code, 0) << describe(again);
   EXPECT_NE(again.out.find("resuming from " + ckpt + "/stage-0/step-000000003"), std::string::npos) << again.out;
+}
+
+// bf16 autocast on the CPU trains as well as float32: after 2 epochs of the whole
+// training set at world 2, the test accuracies are within one point.
+TEST(Trainer, Bf16AutocastReachesTheAccuracyOfFloat32) {
+  const std::vector<std::string> args = {"--epochs", "2", "--seed", "4"};
+  auto fp32 = run_trainer(2, args);
+  ASSERT_EQ(fp32.exit_code, 0) << describe(fp32);
+  auto bf16 = run_trainer(2, with(args, {"--amp", "bf16"}));
+  ASSERT_EQ(bf16.exit_code, 0) << describe(bf16);
+  EXPECT_NE(bf16.out.find("\"amp\":\"bf16\""), std::string::npos) << bf16.out;
+  auto accuracy = [](const std::string& out) {
+    const auto at = out.rfind("\"test_accuracy\":");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 16));
+  };
+  const double a32 = accuracy(fp32.out), a16 = accuracy(bf16.out);
+  std::cout << "test accuracy after 2 epochs: float32 " << a32 << ", bf16 " << a16 << std::endl;
+  EXPECT_GT(a32, 0.85) << fp32.out;
+  EXPECT_LT(std::abs(a16 - a32), 0.01) << "float32 " << a32 << ", bf16 " << a16;
+}
+
+TEST(Trainer, AmpFlagsThatCannotWorkExitTwo) {
+  auto fp16 = cohort::testing::run_process({COHORT_TRAINER_PATH, "--amp", "fp16"}, 30s);
+  EXPECT_EQ(fp16.exit_code, 2) << describe(fp16);
+  EXPECT_NE(fp16.err.find("--amp fp16 needs --device cuda"), std::string::npos) << fp16.err;
+  auto piped = cohort::testing::run_process({COHORT_TRAINER_PATH, "--amp", "bf16", "--pipeline-stages", "2"}, 30s);
+  EXPECT_EQ(piped.exit_code, 2) << describe(piped);
+  EXPECT_NE(piped.err.find("--amp with --pipeline-stages is not supported yet"), std::string::npos) << piped.err;
+  auto bad = cohort::testing::run_process({COHORT_TRAINER_PATH, "--amp", "fp8"}, 30s);
+  EXPECT_EQ(bad.exit_code, 2) << describe(bad);
+  EXPECT_NE(bad.err.find("--amp"), std::string::npos) << bad.err;
 }
 
 TEST(Trainer, PipelineFlagsThatCannotWorkExitTwo) {

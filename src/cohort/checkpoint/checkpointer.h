@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ struct TrainingProgress {
   std::int64_t epoch = 0;  // the epoch in progress
   std::int64_t epoch_step = 0;  // optimizer steps taken in that epoch
   std::optional<data::SamplerState> sampler;
+  // Other state that must resume with the run, by name: a GradScaler's state_dict
+  // under "grad_scaler" (amp/grad_scaler.h). Saved as rank 0 has it.
+  std::map<std::string, c10::IValue> extra;
 };
 
 struct Restored {

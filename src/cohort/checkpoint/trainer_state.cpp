@@ -65,6 +65,11 @@ std::string encode_trainer_state(const TrainingProgress& progress,
     sampler.insert("consumed", s.consumed);
     dict.insert("sampler", sampler);
   }
+  if (!progress.extra.empty()) {
+    auto extra = new_dict();
+    for (const auto& [name, value] : progress.extra) extra.insert(name, value);
+    dict.insert("extra", extra);
+  }
   GenericList ranks(c10::AnyType::get());
   for (const auto& states : rng) {
     GenericList list(c10::TensorType::get());
@@ -104,6 +109,14 @@ TrainerState decode_trainer_state(const std::string& bytes, const std::string& s
     out.dataset_size = int_field(s, "dataset_size", source);
     out.consumed = int_field(s, "consumed", source);
     state.progress.sampler = out;
+  }
+  if (dict.contains("extra")) {
+    const auto extra = field(dict, "extra", source);
+    if (!extra.isGenericDict()) throw DataError(fmt::format("{}: 'extra' is not a dict", source));
+    for (const auto& item : extra.toGenericDict()) {
+      if (!item.key().isString()) throw DataError(fmt::format("{}: 'extra' has a key that is not a string", source));
+      state.progress.extra.emplace(item.key().toStringRef(), item.value());
+    }
   }
   const auto rng = field(dict, "rng", source);
   if (!rng.isList()) throw DataError(fmt::format("{}: 'rng' is not a list", source));

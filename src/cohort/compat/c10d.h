@@ -13,7 +13,7 @@
 //    classic server wherever the field exists.
 //  * 2.1 added append/multiGet/multiSet/hasExtendedApi to c10d::Store; a store
 //    overrides them where COHORT_C10D_STORE_HAS_EXTENDED_API is 1.
-// Nothing outside this header may test TORCH_VERSION_*.
+// Nothing outside compat/ may test TORCH_VERSION_*; autocast.h holds the autocast API.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
