@@ -61,6 +61,7 @@ class DataParallel : public Strategy {
     FashionNet model;
     model->to(device);
     if (o.memory_format == "channels-last") model->use_channels_last();
+    if (o.activation_checkpointing) model->use_activation_checkpointing();
     return model;
   }
 

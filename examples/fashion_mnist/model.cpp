@@ -3,6 +3,8 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
 
+#include "cohort/recompute/checkpoint.h"
+
 namespace fashion_mnist {
 
 FashionNetImpl::FashionNetImpl()
@@ -36,8 +38,13 @@ void FashionNetImpl::use_channels_last() {
 // same network with ReLU and its backward on a quarter of the elements.
 torch::Tensor FashionNetImpl::forward(torch::Tensor x) {
   if (channels_last_) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
-  x = torch::relu(torch::max_pool2d(conv1_(x), 2));
-  x = torch::relu(torch::max_pool2d(conv2_(x), 2));
+  auto convolutions = [this](const cohort::recompute::TensorList& in) {
+    auto h = torch::relu(torch::max_pool2d(conv1_(in[0]), 2));
+    return cohort::recompute::TensorList{torch::relu(torch::max_pool2d(conv2_(h), 2))};
+  };
+  x = recompute_ ? cohort::recompute::checkpoint(
+                       convolutions, {x}, cohort::recompute::CheckpointOptions().modules({conv1_.ptr(), conv2_.ptr()}))[0]
+                 : convolutions({x})[0];
   return fc2_(torch::relu(fc1_(x.flatten(1))));
 }
 

@@ -25,11 +25,15 @@ class FashionNetImpl : public torch::nn::Module {
   // where oneDNN's kernels and max pooling are faster on the CPU (docs/performance.md).
   // The same parameters and values: state dicts are unchanged.
   void use_channels_last();
+  // Recomputes the two convolution blocks in backward instead of keeping their
+  // activations (cohort::recompute, --activation-checkpointing).
+  void use_activation_checkpointing() { recompute_ = true; }
 
  private:
   torch::nn::Conv2d conv1_, conv2_;
   torch::nn::Linear fc1_, fc2_;
   bool channels_last_ = false;
+  bool recompute_ = false;
 };
 TORCH_MODULE(FashionNet);
 

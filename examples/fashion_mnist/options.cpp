@@ -64,8 +64,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--virtual-stages", o.virtual_stages, "Stages per rank for --pipeline-schedule interleaved")
       ->check(CLI::Range(1, 4));
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
-               "Keep only each pipeline stage's inputs in forward and recompute the stage in backward "
-               "(needs --pipeline-stages > 1 for now)");
+               "Recompute activations in backward instead of keeping them: the convolution blocks, or with "
+               "--pipeline-stages each stage's forward");
   app.add_option("--amp", o.amp,
                  "Mixed precision: bf16 (autocast; the CPU's), fp16 (autocast and a GradScaler; CUDA) or off")
       ->check(CLI::IsMember({"bf16", "fp16", "off"}));
@@ -83,8 +83,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     std::exit(2);
   };
   if (o.microbatches == 0) o.microbatches = 2 * o.pipeline_stages;
-  if (o.pipeline_stages == 1 && (o.pipeline_schedule != "1f1b" || o.virtual_stages != 1 || o.activation_checkpointing))
-    refuse("--pipeline-schedule, --virtual-stages and --activation-checkpointing need --pipeline-stages 2 or more");
+  if (o.pipeline_stages == 1 && (o.pipeline_schedule != "1f1b" || o.virtual_stages != 1))
+    refuse("--pipeline-schedule and --virtual-stages need --pipeline-stages 2 or more");
   if (o.pipeline_stages * o.virtual_stages > 4)
     refuse("--pipeline-stages " + std::to_string(o.pipeline_stages) + " x --virtual-stages " +
            std::to_string(o.virtual_stages) + " asks for " + std::to_string(o.pipeline_stages * o.virtual_stages) +

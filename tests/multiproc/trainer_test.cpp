@@ -270,6 +270,18 @@ TEST(Trainer, Bf16AutocastReachesTheAccuracyOfFloat32) {
   EXPECT_LT(std::abs(a16 - a32), 0.01) << "float32 " << a32 << ", bf16 " << a16;
 }
 
+// --activation-checkpointing recomputes the convolution blocks in backward: the same
+// ops on the same values, so the weights are bitwise those of a run without it.
+TEST(Trainer, ActivationCheckpointingChangesNoWeight) {
+  TempDir dir("cohort-trainer");
+  const auto plain = dir.path + "/plain.pt", recomputed = dir.path + "/recomputed.pt";
+  auto a = run_trainer(2, with(kQuick, {"--save-final", plain}));
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  auto b = run_trainer(2, with(kQuick, {"--activation-checkpointing", "--save-final", recomputed}));
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_TRUE(bitwise_equal(plain, recomputed)) << "largest difference " << max_difference(plain, recomputed);
+}
+
 TEST(Trainer, AmpFlagsThatCannotWorkExitTwo) {
   auto fp16 = cohort::testing::run_process({COHORT_TRAINER_PATH, "--amp", "fp16"}, 30s);
   EXPECT_EQ(fp16.exit_code, 2) << describe(fp16);

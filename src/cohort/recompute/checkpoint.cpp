@@ -1,0 +1,202 @@
+#include "cohort/recompute/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "cohort/checkpoint/rng_state.h"
+#include "cohort/compat/autocast.h"
+#include "cohort/errors.h"
+
+namespace cohort::recompute {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Autocast as it is now, for CPU and CUDA; apply() sets it until the returned guard
+// ends (Note [Recomputing exactly]).
+struct AutocastState {
+  struct Device {
+    c10::DeviceType type;
+    bool enabled;
+    c10::ScalarType dtype;
+  };
+  std::vector<Device> devices;
+
+  static AutocastState capture() {
+    AutocastState s;
+    for (auto type : {c10::DeviceType::CPU, c10::DeviceType::CUDA})
+      s.devices.push_back({type, compat::autocast_enabled(type), compat::autocast_dtype(type)});
+    return s;
+  }
+  void apply() const {
+    for (const auto& d : devices) {
+      compat::set_autocast_enabled(d.type, d.enabled);
+      compat::set_autocast_dtype(d.type, d.dtype);
+    }
+  }
+};
+
+// The buffers of `modules`, copied so they can be put back.
+std::vector<std::pair<at::Tensor, at::Tensor>> snapshot_buffers(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  for (const auto& m : modules)
+    for (auto& b : m->buffers())
+      if (b.defined()) out.emplace_back(b, b.clone());
+  return out;
+}
+
+struct Segment : torch::CustomClassHolder {
+  SegmentFn fn;
+  CheckpointOptions options;
+  std::size_t inputs = 0;  // the first `inputs` tensors are fn's inputs, the rest parameters
+  std::vector<bool> input_requires_grad;
+  c10::Device device = c10::kCPU;  // whose generator is kept besides the CPU's
+  std::vector<at::Tensor> rng;
+  AutocastState autocast;
+};
+
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<Segment> segment, at::TensorList all) {
+    // autograd::Function runs this with gradients off: nothing inside is kept.
+    TensorList inputs(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(segment->inputs));
+    if (segment->options.preserve_rng_state()) segment->rng = checkpoint::capture_rng_state(segment->device);
+    segment->autocast = AutocastState::capture();
+    ctx->save_for_backward(inputs);
+    ctx->saved_data["segment"] = c10::IValue::make_capsule(segment);
+    auto outputs = segment->fn(inputs);
+    for (std::size_t i = 0; i < outputs.size(); ++i)
+      if (outputs[i].defined() && !outputs[i].is_floating_point() && !outputs[i].is_complex())
+        throw ConfigError(fmt::format("cohort checkpoint: output {} of the checkpointed function has dtype {}; a "
+                                      "checkpointed segment returns floating-point tensors only",
+                                      i, c10::toString(outputs[i].scalar_type())));
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto segment = c10::static_intrusive_pointer_cast<Segment>(ctx->saved_data["segment"].toCapsule());
+    const auto saved = ctx->get_saved_variables();
+    TensorList inputs;
+    for (std::size_t i = 0; i < saved.size(); ++i) {
+      auto d = saved[i].defined() ? saved[i].detach() : at::Tensor();
+      if (d.defined()) d.requires_grad_(segment->input_requires_grad[i]);
+      inputs.push_back(d);
+    }
+    // Note [Recomputing exactly]
+    TensorList outputs;
+    // Put back after differentiating: BatchNorm's backward saved its running
+    // statistics, and restoring them in place before would bump their version.
+    const auto buffers = snapshot_buffers(segment->options.modules());
+    {
+      const bool rng = segment->options.preserve_rng_state();
+      const auto now = rng ? checkpoint::capture_rng_state(segment->device) : std::vector<at::Tensor>();
+      const auto autocast_now = AutocastState::capture();
+      if (rng) checkpoint::restore_rng_state(segment->device, segment->rng);
+      segment->autocast.apply();
+      try {
+        at::AutoGradMode grad_on(true);
+        outputs = segment->fn(inputs);
+      } catch (...) {
+        autocast_now.apply();
+        throw;
+      }
+      autocast_now.apply();
+      if (rng) checkpoint::restore_rng_state(segment->device, now);
+    }
+    auto restore_buffers = [&buffers] {
+      at::NoGradGuard no_grad;
+      for (const auto& [buffer, copy] : buffers) buffer.copy_(copy);
+    };
+    TensorList roots, grads;
+    for (std::size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      if (!outputs[i].defined() || !outputs[i].requires_grad() || !grad_outputs[i].defined()) continue;
+      roots.push_back(outputs[i]);
+      grads.push_back(grad_outputs[i]);
+    }
+    variable_list result{at::Tensor()};  // the segment argument has no gradient
+    // Inputs then parameters, as forward's `all` (Note [Parameters as inputs]).
+    TensorList wanted, all = inputs;
+    for (const auto& m : segment->options.modules())
+      for (const auto& p : m->parameters()) all.push_back(p);
+    for (const auto& t : all)
+      if (t.defined() && t.requires_grad()) wanted.push_back(t);
+    if (segment->options.modules().empty()) {
+      // No parameters as inputs: differentiate into their .grad here (reentrant).
+      if (!roots.empty()) torch::autograd::backward(roots, grads);
+      restore_buffers();
+      for (const auto& in : inputs) result.push_back(in.defined() && in.requires_grad() ? in.grad() : at::Tensor());
+      return result;
+    }
+    variable_list got;
+    if (!roots.empty() && !wanted.empty())
+      got = torch::autograd::grad(roots, wanted, grads, /*retain_graph=*/false, /*create_graph=*/false,
+                                  /*allow_unused=*/true);
+    restore_buffers();
+    std::size_t k = 0;
+    for (const auto& t : all)
+      result.push_back(t.defined() && t.requires_grad() && !got.empty() ? got[k++] : at::Tensor());
+    return result;
+  }
+};
+
+bool any_requires_grad(const TensorList& tensors) {
+  for (const auto& t : tensors)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+}  // namespace
+
+TensorList checkpoint(SegmentFn fn, const TensorList& inputs, CheckpointOptions options) {
+  TensorList all = inputs;
+  for (const auto& m : options.modules())
+    for (const auto& p : m->parameters()) all.push_back(p);
+  if (!at::GradMode::is_enabled() || !any_requires_grad(all)) return fn(inputs);
+  auto segment = c10::make_intrusive<Segment>();
+  segment->fn = std::move(fn);
+  segment->options = std::move(options);
+  segment->inputs = inputs.size();
+  for (const auto& t : inputs) {
+    segment->input_requires_grad.push_back(t.defined() && t.requires_grad());
+    if (t.defined() && t.is_cuda()) segment->device = t.device();
+  }
+  return CheckpointFunction::apply(segment, at::TensorList(all));
+}
+
+at::Tensor checkpoint_sequential(const torch::nn::Sequential& model, int segments, const at::Tensor& input,
+                                 CheckpointOptions options) {
+  const int n = static_cast<int>(model->size());
+  if (segments < 1 || segments > n)
+    throw ConfigError(fmt::format("cohort checkpoint_sequential: {} segments for a Sequential of {} modules; use "
+                                  "between 1 and {}",
+                                  segments, n, n));
+  auto children = model->children();
+  auto x = input;
+  // PyTorch's cut: segments of n / segments modules, the last taking the rest.
+  const int size = n / segments;
+  for (int s = 0; s < segments; ++s) {
+    const int begin = s * size, end = s + 1 == segments ? n : (s + 1) * size;
+    std::vector<std::shared_ptr<torch::nn::Module>> part(children.begin() + begin, children.begin() + end);
+    // The holder is copied: backward calls this after the caller's scope may be gone.
+    torch::nn::Sequential seq = model;
+    auto run = [seq, begin, end](const TensorList& in) mutable {
+      auto h = in.at(0);
+      for (auto it = seq->begin() + begin; it != seq->begin() + end; ++it) h = it->forward(h);
+      return TensorList{h};
+    };
+    if (s + 1 == segments) {
+      x = run({x})[0];
+    } else {
+      auto o = options;
+      o.modules(part);
+      x = checkpoint(run, {x}, o)[0];
+    }
+  }
+  return x;
+}
+
+}  // namespace cohort::recompute
