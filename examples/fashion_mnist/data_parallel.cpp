@@ -1,23 +1,17 @@
 // The trainer's default strategy: the whole model on every rank under cohort's DDP.
 #include <torch/nn/functional/loss.h>
 
-#include "cohort/checkpoint/state_dict.h"
 #include "cohort/ddp/distributed_data_parallel.h"
-#include "model.h"
-#include "strategy.h"
+#include "whole_model.h"
 
 namespace fashion_mnist {
 namespace {
 
-class DataParallel : public Strategy {
+class DataParallel : public WholeModel {
  public:
   DataParallel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device)
-      : world_(world), device_(device), model_(init(o, device)),
+      : WholeModel(o, world, device),
         ddp_(model_, world.group(), cohort::ddp::DistributedDataParallelOptions().record_timings(true)) {}
-
-  torch::nn::Module& model() override { return *model_; }
-  int replicas() const override { return world_.size(); }
-  int replica() const override { return world_.rank(); }
 
   double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                           cohort::trace::StepProfiler& profiler) override {
@@ -37,37 +31,7 @@ class DataParallel : public Strategy {
     return t.finalize_end_s > t.backward_end_s ? t.finalize_end_s - t.backward_end_s : 0;
   }
 
-  Evaluation evaluate(cohort::data::FashionMnist& test) override {
-    return fashion_mnist::evaluate(model_, test, world_.group(), device_);
-  }
-
-  std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer(const TrainerOptions& o) override {
-    return std::make_unique<cohort::checkpoint::Checkpointer>(
-        o.checkpoint_dir, world_.group(), cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
-  }
-
-  std::optional<cohort::checkpoint::Restored> resume(cohort::checkpoint::Checkpointer& checkpointer,
-                                                     torch::optim::Optimizer& optimizer) override {
-    return checkpointer.load_latest(*model_, optimizer, device_);
-  }
-
-  c10::Dict<std::string, at::Tensor> final_state() override {
-    return world_.rank() == 0 ? cohort::checkpoint::state_dict(*model_) : c10::Dict<std::string, at::Tensor>();
-  }
-
  private:
-  static FashionNet init(const TrainerOptions& o, c10::Device device) {
-    torch::manual_seed(o.seed);
-    FashionNet model;
-    model->to(device);
-    if (o.memory_format == "channels-last") model->use_channels_last();
-    if (o.activation_checkpointing) model->use_activation_checkpointing();
-    return model;
-  }
-
-  cohort::comm::World& world_;
-  c10::Device device_;
-  FashionNet model_;
   cohort::ddp::DistributedDataParallel<FashionNet> ddp_;  // checks the replicas, broadcasts rank 0's weights
 };
 

@@ -7,11 +7,14 @@
 
 namespace fashion_mnist {
 
-FashionNetImpl::FashionNetImpl()
-    : conv1_(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, kConv1, 3).padding(1)))),
-      conv2_(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(kConv1, kConv2, 3).padding(1)))),
-      fc1_(register_module("fc1", torch::nn::Linear(kConv2 * 7 * 7, kHidden))),
-      fc2_(register_module("fc2", torch::nn::Linear(kHidden, 10))) {}
+FashionNetImpl::FashionNetImpl() { reset(); }
+
+void FashionNetImpl::reset() {
+  conv1_ = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, kConv1, 3).padding(1)));
+  conv2_ = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(kConv1, kConv2, 3).padding(1)));
+  fc1_ = register_module("fc1", torch::nn::Linear(kConv2 * 7 * 7, kHidden));
+  fc2_ = register_module("fc2", torch::nn::Linear(kHidden, 10));
+}
 
 double FashionNetImpl::training_flops_per_sample() {
   const double conv1 = 28.0 * 28 * kConv1 * (1 * 3 * 3);  // multiply-adds per sample

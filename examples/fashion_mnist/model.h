@@ -6,16 +6,19 @@
 // Its PyTorch twin, with the same parameter names (conv1.weight, ..., fc2.bias), is
 // fashion_net.py beside this file: a saved state dict loads into it with
 // load_state_dict(strict=True).
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
 namespace fashion_mnist {
 
-class FashionNetImpl : public torch::nn::Module {
+class FashionNetImpl : public torch::nn::Cloneable<FashionNetImpl> {
  public:
   static constexpr int kConv1 = 32, kConv2 = 64, kHidden = 128;
   FashionNetImpl();
+  // Registers the layers (Cloneable: a clone, e.g. a DataParallel replica, calls it too).
+  void reset() override;
   torch::Tensor forward(torch::Tensor x);
   // Floating-point operations of one training sample: the forward's multiply-adds
   // counted as 2 FLOPs each, and backward as twice the forward (the gradients of the
@@ -30,8 +33,8 @@ class FashionNetImpl : public torch::nn::Module {
   void use_activation_checkpointing() { recompute_ = true; }
 
  private:
-  torch::nn::Conv2d conv1_, conv2_;
-  torch::nn::Linear fc1_, fc2_;
+  torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
+  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
   bool channels_last_ = false;
   bool recompute_ = false;
 };

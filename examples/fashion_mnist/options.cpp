@@ -69,6 +69,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--amp", o.amp,
                  "Mixed precision: bf16 (autocast; the CPU's), fp16 (autocast and a GradScaler; CUDA) or off")
       ->check(CLI::IsMember({"bf16", "fp16", "off"}));
+  app.add_option("--data-parallel-replicas", o.data_parallel_replicas,
+                 "One process, this many replicas of the model: on the CPU, or one per GPU with --device cuda "
+                 "(DataParallel; DDP with one process per device is faster)")
+      ->check(CLI::Range(1, 64));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -89,6 +93,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     refuse("--pipeline-stages " + std::to_string(o.pipeline_stages) + " x --virtual-stages " +
            std::to_string(o.virtual_stages) + " asks for " + std::to_string(o.pipeline_stages * o.virtual_stages) +
            " stages, but the model has 4 layers with weights (conv1, conv2, fc1, fc2); use at most 4 in all");
+  if (o.data_parallel_replicas > 1 && o.pipeline_stages > 1)
+    refuse("--data-parallel-replicas and --pipeline-stages do not combine; use one or the other");
   if (o.amp == "fp16" && o.device == "cpu")
     refuse("--amp fp16 needs --device cuda (the CPU runs autocast in bfloat16); use --amp bf16 on the CPU");
   if (o.amp != "off" && o.pipeline_stages > 1)

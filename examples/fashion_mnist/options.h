@@ -32,6 +32,7 @@ struct TrainerOptions {
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zero-bubble
   int virtual_stages = 1;  // stages per rank, interleaved only
   bool activation_checkpointing = false;  // recompute each stage's forward in backward
+  int data_parallel_replicas = 1;  // >1: one process, this many replicas (cohort::dp)
   std::string amp = "off";  // bf16 | fp16 | off (docs/amp.md)
 };
 

@@ -3,6 +3,8 @@
 // for every strategy; each strategy's wiring lives in its own file:
 //   data_parallel.cpp   the whole model on every rank, under cohort's DDP
 //   pipeline_parallel.cpp  the model cut into stages (cohort::pipeline), DDP per stage
+//   replicas.cpp        one process, N replicas (cohort::dp::DataParallel)
+//   mixed_precision.cpp --amp, used by each of them
 #include <ATen/core/Dict.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -54,6 +56,7 @@ class Strategy {
 };
 
 std::unique_ptr<Strategy> make_data_parallel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
+std::unique_ptr<Strategy> make_replicas(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
 std::unique_ptr<Strategy> make_pipeline(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
 
 }  // namespace fashion_mnist

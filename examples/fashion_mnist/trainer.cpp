@@ -91,7 +91,9 @@ int train(const TrainerOptions& o) {
 
   // Every rank builds the same initial weights from the seed; DDP checks that and
   // broadcasts rank 0's anyway.
-  auto strategy = o.pipeline_stages > 1 ? make_pipeline(o, world, device) : make_data_parallel(o, world, device);
+  auto strategy = o.pipeline_stages > 1         ? make_pipeline(o, world, device)
+                  : o.data_parallel_replicas > 1 ? make_replicas(o, world, device)
+                                                 : make_data_parallel(o, world, device);
   auto optimizer = make_optimizer(o, strategy->model());
   MixedPrecision precision(o, device, world.group());
   // The data is sharded over the data-parallel replicas: every stage of one pipeline

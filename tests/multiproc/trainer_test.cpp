@@ -282,6 +282,31 @@ TEST(Trainer, ActivationCheckpointingChangesNoWeight) {
   EXPECT_TRUE(bitwise_equal(plain, recomputed)) << "largest difference " << max_difference(plain, recomputed);
 }
 
+// --data-parallel-replicas 3: one process, three CPU replicas splitting each batch of
+// 32 (11, 11 and 10 rows), equals one process without replicas on the same batches;
+// so do two replicas that recompute their convolutions.
+TEST(Trainer, ReplicasInOneProcessEqualOneModule) {
+  TempDir dir("cohort-trainer");
+  const auto plain = dir.path + "/plain.pt", replicated = dir.path + "/replicated.pt";
+  auto a = run_trainer(1, with(kQuick, {"--batch-size", "32", "--save-final", plain}));
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  auto b = run_trainer(1, with(kQuick, {"--batch-size", "32", "--data-parallel-replicas", "3", "--save-final",
+                                        replicated}));
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_LT(max_difference(plain, replicated), 1e-5);
+  // Composed with activation checkpointing inside each replica.
+  const auto recomputed = dir.path + "/recomputed.pt";
+  auto c = run_trainer(1, with(kQuick, {"--batch-size", "32", "--data-parallel-replicas", "2",
+                                        "--activation-checkpointing", "--save-final", recomputed}));
+  ASSERT_EQ(c.exit_code, 0) << describe(c);
+  EXPECT_LT(max_difference(plain, recomputed), 1e-5);
+  // DataParallel is one process: two ranks are refused, on every rank.
+  auto two = run_trainer(2, with(kQuick, {"--data-parallel-replicas", "2"}));
+  EXPECT_NE(two.exit_code, 0) << describe(two);
+  EXPECT_NE(two.err.find("--data-parallel-replicas runs one process, but this job has 2 ranks"), std::string::npos)
+      << describe(two);
+}
+
 TEST(Trainer, AmpFlagsThatCannotWorkExitTwo) {
   auto fp16 = cohort::testing::run_process({COHORT_TRAINER_PATH, "--amp", "fp16"}, 30s);
   EXPECT_EQ(fp16.exit_code, 2) << describe(fp16);

@@ -6,7 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cohort/checkpoint/rng_state.h"
-#include "cohort/compat/autocast.h"
+#include "cohort/amp/autocast_state.h"
 #include "cohort/errors.h"
 
 namespace cohort::recompute {
@@ -15,30 +15,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// Autocast as it is now, for CPU and CUDA; apply() sets it until the returned guard
-// ends (Note [Recomputing exactly]).
-struct AutocastState {
-  struct Device {
-    c10::DeviceType type;
-    bool enabled;
-    c10::ScalarType dtype;
-  };
-  std::vector<Device> devices;
-
-  static AutocastState capture() {
-    AutocastState s;
-    for (auto type : {c10::DeviceType::CPU, c10::DeviceType::CUDA})
-      s.devices.push_back({type, compat::autocast_enabled(type), compat::autocast_dtype(type)});
-    return s;
-  }
-  void apply() const {
-    for (const auto& d : devices) {
-      compat::set_autocast_enabled(d.type, d.enabled);
-      compat::set_autocast_dtype(d.type, d.dtype);
-    }
-  }
-};
 
 // The buffers of `modules`, copied so they can be put back.
 std::vector<std::pair<at::Tensor, at::Tensor>> snapshot_buffers(
@@ -57,7 +33,7 @@ struct Segment : torch::CustomClassHolder {
   std::vector<bool> input_requires_grad;
   c10::Device device = c10::kCPU;  // whose generator is kept besides the CPU's
   std::vector<at::Tensor> rng;
-  AutocastState autocast;
+  amp::AutocastState autocast;
 };
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
@@ -65,7 +41,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     // autograd::Function runs this with gradients off: nothing inside is kept.
     TensorList inputs(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(segment->inputs));
     if (segment->options.preserve_rng_state()) segment->rng = checkpoint::capture_rng_state(segment->device);
-    segment->autocast = AutocastState::capture();
+    segment->autocast = amp::AutocastState::capture();
     ctx->save_for_backward(inputs);
     ctx->saved_data["segment"] = c10::IValue::make_capsule(segment);
     auto outputs = segment->fn(inputs);
@@ -94,7 +70,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     {
       const bool rng = segment->options.preserve_rng_state();
       const auto now = rng ? checkpoint::capture_rng_state(segment->device) : std::vector<at::Tensor>();
-      const auto autocast_now = AutocastState::capture();
+      const auto autocast_now = amp::AutocastState::capture();
       if (rng) checkpoint::restore_rng_state(segment->device, segment->rng);
       segment->autocast.apply();
       try {

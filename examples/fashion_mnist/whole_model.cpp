@@ -1,0 +1,39 @@
+#include "whole_model.h"
+
+#include "cohort/checkpoint/state_dict.h"
+
+namespace fashion_mnist {
+
+namespace {
+FashionNet init(const TrainerOptions& o, c10::Device device) {
+  torch::manual_seed(o.seed);
+  FashionNet model;
+  model->to(device);
+  if (o.memory_format == "channels-last") model->use_channels_last();
+  if (o.activation_checkpointing) model->use_activation_checkpointing();
+  return model;
+}
+}  // namespace
+
+WholeModel::WholeModel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device)
+    : world_(world), device_(device), model_(init(o, device)) {}
+
+Evaluation WholeModel::evaluate(cohort::data::FashionMnist& test) {
+  return fashion_mnist::evaluate(model_, test, world_.group(), device_);
+}
+
+std::unique_ptr<cohort::checkpoint::Checkpointer> WholeModel::checkpointer(const TrainerOptions& o) {
+  return std::make_unique<cohort::checkpoint::Checkpointer>(
+      o.checkpoint_dir, world_.group(), cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
+}
+
+std::optional<cohort::checkpoint::Restored> WholeModel::resume(cohort::checkpoint::Checkpointer& checkpointer,
+                                                               torch::optim::Optimizer& optimizer) {
+  return checkpointer.load_latest(*model_, optimizer, device_);
+}
+
+c10::Dict<std::string, at::Tensor> WholeModel::final_state() {
+  return world_.rank() == 0 ? cohort::checkpoint::state_dict(*model_) : c10::Dict<std::string, at::Tensor>();
+}
+
+}  // namespace fashion_mnist
