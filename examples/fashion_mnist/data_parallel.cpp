@@ -1,6 +1,4 @@
 // The trainer's default strategy: the whole model on every rank under cohort's DDP.
-#include <torch/nn/functional/loss.h>
-
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "whole_model.h"
 
@@ -15,15 +13,7 @@ class DataParallel : public WholeModel {
 
   double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                           cohort::trace::StepProfiler& profiler) override {
-    torch::Tensor loss;
-    {
-      auto p = profiler.phase("forward");
-      auto autocast = precision.autocast();
-      loss = torch::nn::functional::cross_entropy(ddp_(data.to(device_)), target.to(device_));
-    }
-    auto p = profiler.phase("backward");
-    precision.scale(loss).backward();
-    return loss.item<double>();
+    return step_through([this](const torch::Tensor& x) { return ddp_(x); }, data, target, precision, profiler);
   }
 
   double last_wait_seconds() const override {

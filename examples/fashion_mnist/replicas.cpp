@@ -2,7 +2,6 @@
 // or one per visible GPU with --device cuda) under cohort::dp::DataParallel.
 #include <fmt/format.h>
 #include <torch/cuda.h>
-#include <torch/nn/functional/loss.h>
 
 #include "cohort/dp/data_parallel.h"
 #include "cohort/errors.h"
@@ -32,15 +31,7 @@ class Replicas : public WholeModel {
 
   double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                           cohort::trace::StepProfiler& profiler) override {
-    torch::Tensor loss;
-    {
-      auto p = profiler.phase("forward");
-      auto autocast = precision.autocast();
-      loss = torch::nn::functional::cross_entropy(dp_(data.to(device_)), target.to(device_));
-    }
-    auto p = profiler.phase("backward");
-    precision.scale(loss).backward();
-    return loss.item<double>();
+    return step_through([this](const torch::Tensor& x) { return dp_(x); }, data, target, precision, profiler);
   }
 
  private:

@@ -1,5 +1,7 @@
 #include "whole_model.h"
 
+#include <torch/nn/functional/loss.h>
+
 #include "cohort/checkpoint/state_dict.h"
 
 namespace fashion_mnist {
@@ -17,6 +19,20 @@ FashionNet init(const TrainerOptions& o, c10::Device device) {
 
 WholeModel::WholeModel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device)
     : world_(world), device_(device), model_(init(o, device)) {}
+
+double WholeModel::step_through(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                                const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
+                                cohort::trace::StepProfiler& profiler) {
+  torch::Tensor loss;
+  {
+    auto p = profiler.phase("forward");
+    auto autocast = precision.autocast();
+    loss = torch::nn::functional::cross_entropy(forward(data.to(device_)), target.to(device_));
+  }
+  auto p = profiler.phase("backward");
+  precision.scale(loss).backward();
+  return loss.item<double>();
+}
 
 Evaluation WholeModel::evaluate(cohort::data::FashionMnist& test) {
   return fashion_mnist::evaluate(model_, test, world_.group(), device_);

@@ -2,6 +2,8 @@
 // What the strategies that keep the whole model in each process share (DDP across
 // processes, DataParallel's replicas inside one): the model, its evaluation, its
 // checkpoints and its final state dict.
+#include <functional>
+
 #include "model.h"
 #include "strategy.h"
 
@@ -21,6 +23,11 @@ class WholeModel : public Strategy {
   c10::Dict<std::string, at::Tensor> final_state() override;
 
  protected:
+  // A step through `forward` (DDP's, DataParallel's): autocast around the forward and
+  // the loss, then backward of the scaled loss. Returns the loss.
+  double step_through(const std::function<torch::Tensor(const torch::Tensor&)>& forward, const torch::Tensor& data,
+                      const torch::Tensor& target, MixedPrecision& precision, cohort::trace::StepProfiler& profiler);
+
   cohort::comm::World& world_;
   c10::Device device_;
   FashionNet model_;
