@@ -49,6 +49,7 @@ def main():
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--memory-format", default="channels-last", choices=["channels-last", "contiguous"])
     p.add_argument("--evaluate", action="store_true")
+    p.add_argument("--amp", default="off", choices=["bf16", "off"])
     a = p.parse_args()
     fmt = torch.channels_last if a.memory_format == "channels-last" else torch.contiguous_format
     started = time.perf_counter()
@@ -78,7 +79,8 @@ def main():
             for g in opt.param_groups:
                 g["lr"] = a.lr * 0.5 * (1 + math.cos(math.pi * step / total))
             opt.zero_grad()
-            loss = F.cross_entropy(model(x), labels.index_select(0, idx))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp == "bf16"):
+                loss = F.cross_entropy(model(x), labels.index_select(0, idx))
             loss.backward()
             opt.step()
             loss.item()  # the C++ trainer reads the loss every step too

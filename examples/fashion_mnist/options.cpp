@@ -97,8 +97,6 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     refuse("--data-parallel-replicas and --pipeline-stages do not combine; use one or the other");
   if (o.amp == "fp16" && o.device == "cpu")
     refuse("--amp fp16 needs --device cuda (the CPU runs autocast in bfloat16); use --amp bf16 on the CPU");
-  if (o.amp != "off" && o.pipeline_stages > 1)
-    refuse("--amp with --pipeline-stages is not supported yet; train the pipeline in float32 (--amp off)");
   if (o.pipeline_stages > 1 && o.microbatches > o.batch_size)
     refuse("--microbatches " + std::to_string(o.microbatches) + " is more than --batch-size " +
            std::to_string(o.batch_size) + "; every micro-batch needs a sample");

@@ -66,11 +66,12 @@ class PipelineParallel : public Strategy {
   int replica() const override { return mesh_.data_rank(); }
   std::int64_t min_batch_rows() const override { return pipe_.schedule().microbatches; }
 
-  // --amp is refused with pipelines (options.cpp), so `precision` is off here.
-  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& /*precision*/,
+  // Autocast runs inside the pipeline (PipelineOptions::autocast, set in build());
+  // under fp16 the loss is scaled there by the scaler's scale.
+  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                           cohort::trace::StepProfiler& profiler) override {
     auto p = profiler.phase("pipeline");
-    auto r = pipe_.step({data.to(device_)}, {target.to(device_)});
+    auto r = pipe_.step({data.to(device_)}, {target.to(device_)}, precision.loss_scale());
     step_seconds_ += r.step_seconds;
     compute_seconds_ += r.compute_seconds;
     peak_live_ = std::max(peak_live_, r.peak_live_microbatches);
@@ -172,13 +173,15 @@ class PipelineParallel : public Strategy {
     auto loss = [](const TensorList& out, const TensorList& y) {
       return torch::nn::functional::cross_entropy(out.at(0), y.at(0));
     };
-    return Pipeline(std::move(mine), mesh.pipeline_group(),
-                    PipelineOptions(loss)
-                        .schedule(parse_schedule_kind(o.pipeline_schedule))
-                        .microbatches(o.microbatches)
-                        .virtual_stages(o.virtual_stages)
-                        .recompute(o.activation_checkpointing)
-                        .device(device));
+    auto options = PipelineOptions(loss)
+                       .schedule(parse_schedule_kind(o.pipeline_schedule))
+                       .microbatches(o.microbatches)
+                       .virtual_stages(o.virtual_stages)
+                       .recompute(o.activation_checkpointing)
+                       .device(device);
+    if (const auto dtype = cohort::amp::parse_amp_dtype(o.amp))
+      options.autocast(cohort::amp::AutocastOptions(device.type()).dtype(*dtype));
+    return Pipeline(std::move(mine), mesh.pipeline_group(), options);
   }
 
   std::vector<int> stage_indices(int pipeline_rank) const {

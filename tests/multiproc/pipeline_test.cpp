@@ -106,6 +106,10 @@ TEST(PipelineShapes, SequenceLengthsVaryAcrossMicroBatches) {
   expect_all_ok(run(2, {"varlen", "zero-bubble", "3"}), 2, "varlen");
 }
 
+TEST(PipelineAutocast, Bf16StagesMatchOneProcessUnderTheSameAutocast) {
+  expect_all_ok(run(2, {"autocast"}), 2, "autocast");
+}
+
 TEST(PipelineState, AStageWithMoreEntriesThanOneTransferIsAssembled) {
   expect_all_ok(run(2, {"big_state"}), 2, "big_state");
 }

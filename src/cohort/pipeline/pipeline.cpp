@@ -65,6 +65,7 @@ struct Pipeline::Run {
   const std::vector<TensorList>* inputs = nullptr;
   const std::vector<TensorList>* targets = nullptr;
   std::vector<double> weights;
+  double loss_scale = 1.0;
   std::map<std::pair<int, int>, Slot> slots;
   std::vector<Sent> sends;
   std::vector<double> losses;
@@ -184,14 +185,18 @@ std::vector<TensorList> cut(const TensorList& batch, int parts, const char* what
 
 }  // namespace
 
-StepResult Pipeline::step(const TensorList& inputs, const TensorList& targets) {
+StepResult Pipeline::step(const TensorList& inputs, const TensorList& targets, double loss_scale) {
   const int m = options_.microbatches();
   return step_microbatches(is_first() ? cut(inputs, m, "inputs") : std::vector<TensorList>(),
-                           is_last() ? cut(targets, m, "targets") : std::vector<TensorList>());
+                           is_last() ? cut(targets, m, "targets") : std::vector<TensorList>(), loss_scale);
+}
+
+std::unique_ptr<amp::Autocast> Pipeline::autocast() const {
+  return options_.autocast() ? std::make_unique<amp::Autocast>(*options_.autocast()) : nullptr;
 }
 
 StepResult Pipeline::step_microbatches(const std::vector<TensorList>& inputs,
-                                       const std::vector<TensorList>& targets) {
+                                       const std::vector<TensorList>& targets, double loss_scale) {
   const int m = options_.microbatches();
   if (is_first() && static_cast<int>(inputs.size()) != m)
     throw ConfigError(fmt::format("cohort pipeline: the first stage got {} micro-batches of inputs but the pipeline "
@@ -206,6 +211,7 @@ StepResult Pipeline::step_microbatches(const std::vector<TensorList>& inputs,
   Run run;
   run.inputs = &inputs;
   run.targets = &targets;
+  run.loss_scale = loss_scale;
   run.losses.assign(m, 0.0);
   run.backwards_done.assign(stages_.size(), 0);
   run.started.assign(stages_.size(), false);
@@ -345,6 +351,7 @@ void Pipeline::forward_action(Run& run, int s, int m) {
   }
   run.started[c] = true;
   const auto& stage = stages_[c];
+  auto mixed = autocast();
   if (options_.recompute()) {
     slot.rng = checkpoint::capture_rng_state(options_.device());
     at::NoGradGuard no_grad;
@@ -355,7 +362,7 @@ void Pipeline::forward_action(Run& run, int s, int m) {
   if (last) {
     auto loss = options_.loss()(slot.outputs, run.targets->empty() ? TensorList{} : run.targets->at(m));
     run.losses[m] = loss.detach().item<double>();
-    if (!options_.recompute()) slot.loss = loss * run.weights[m];
+    if (!options_.recompute()) slot.loss = loss * (run.weights[m] * run.loss_scale);
   }
   slot.live = true;
   run.peak = std::max(run.peak, ++run.live);
@@ -370,10 +377,13 @@ void Pipeline::backward_action(Run& run, ActionKind kind, int s, int m) {
       // Recompute the forward with the generators as they were, then put them back.
       auto now = checkpoint::capture_rng_state(options_.device());
       checkpoint::restore_rng_state(options_.device(), slot.rng);
-      slot.outputs = stages_[c].forward(slot.inputs);
-      if (last)
-        slot.loss = options_.loss()(slot.outputs, run.targets->empty() ? TensorList{} : run.targets->at(m)) *
-                    run.weights[m];
+      {
+        auto mixed = autocast();
+        slot.outputs = stages_[c].forward(slot.inputs);
+        if (last)
+          slot.loss = options_.loss()(slot.outputs, run.targets->empty() ? TensorList{} : run.targets->at(m)) *
+                      (run.weights[m] * run.loss_scale);
+      }
       checkpoint::restore_rng_state(options_.device(), now);
     }
     if (!last && schedule_.rank_of(s + 1) == rank_) {
@@ -438,6 +448,7 @@ void Pipeline::backward_action(Run& run, ActionKind kind, int s, int m) {
 
 TensorList Pipeline::forward(const TensorList& inputs, int microbatches) {
   at::NoGradGuard no_grad;
+  auto mixed = autocast();
   const int stages = schedule_.stages();
   std::vector<TensorList> pieces = is_first() ? cut(inputs, microbatches, "inputs") : std::vector<TensorList>();
   std::vector<TensorList> outputs;

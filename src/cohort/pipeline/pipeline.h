@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/amp/autocast.h"
 #include "cohort/comm/group.h"
 #include "cohort/ddp/options.h"
 #include "cohort/pipeline/schedule.h"
@@ -60,6 +61,9 @@ struct PipelineOptions {
   TORCH_ARG(bool, recompute) = false;
   // Where this rank's stages live: received tensors are allocated here.
   TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
+  // Mixed precision: each stage's forward and the loss run under this autocast (the
+  // recomputation too; backward outside it, as in Python). None: as the caller's.
+  TORCH_ARG(std::optional<amp::AutocastOptions>, autocast) = std::nullopt;
 };
 
 struct StepResult {
@@ -94,10 +98,13 @@ class Pipeline {
   // One training step. The first stage's rank passes the batch's inputs, cut along
   // dimension 0 into micro-batches; the last stage's rank passes the targets, cut the
   // same way. Other ranks may pass empty lists. Gradients accumulate into .grad.
-  StepResult step(const TensorList& inputs, const TensorList& targets);
+  // `loss_scale` multiplies the loss before backward (a GradScaler's scale under
+  // float16; amp/grad_scaler.h); the losses returned are unscaled.
+  StepResult step(const TensorList& inputs, const TensorList& targets, double loss_scale = 1.0);
   // The same with micro-batches cut by the caller: they may differ in shape (e.g. in
   // sequence length). Each weighs its first target's rows over all micro-batches'.
-  StepResult step_microbatches(const std::vector<TensorList>& inputs, const std::vector<TensorList>& targets);
+  StepResult step_microbatches(const std::vector<TensorList>& inputs, const std::vector<TensorList>& targets,
+                               double loss_scale = 1.0);
 
   // Forward only, without gradients (evaluation): the last stage's rank returns the
   // outputs for the whole batch (concatenated along dimension 0), others nothing.
@@ -129,6 +136,7 @@ class Pipeline {
   void forward_action(Run& run, int stage, int mb);
   void backward_action(Run& run, ActionKind kind, int stage, int mb);
   int local_index(int stage) const;
+  std::unique_ptr<amp::Autocast> autocast() const;  // null without options_.autocast()
 
   std::vector<PipelineStage> stages_;
   comm::Group group_;

@@ -5,7 +5,7 @@
 //   pipeline_worker parity SCHEDULE STAGES MICROBATCHES [VIRTUAL] [--recompute]
 //   pipeline_worker recompute_dropout SCHEDULE STAGES MICROBATCHES
 //   pipeline_worker varlen SCHEDULE MICROBATCHES
-//   pipeline_worker mismatch | hang | bad_input | big_state | parameterless_stage
+//   pipeline_worker mismatch | hang | bad_input | autocast | big_state | parameterless_stage
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "cohort/amp/autocast.h"
 #include "cohort/comm/world.h"
 #include "cohort/errors.h"
 #include "cohort/pipeline/mesh.h"
@@ -266,6 +267,45 @@ int hang(World& world) {
   return 1;
 }
 
+// bf16 autocast inside the pipeline (PipelineOptions::autocast): the stages compute in
+// bfloat16 (the last stage's outputs say so) and the gradients match one process
+// under the same autocast to bfloat16's precision, while float32 gives other ones.
+int autocast_parity(World& world) {
+  auto model = make_model();
+  model->to(torch::kFloat);
+  auto reference = make_model();
+  reference->to(torch::kFloat);
+  auto parts = split_by_balance(model, {8, 7});
+  bool saw_bf16 = false;
+  LossFn loss = [&saw_bf16](const TensorList& out, const TensorList& y) {
+    saw_bf16 = out.at(0).scalar_type() == torch::kBFloat16;
+    return torch::nn::functional::cross_entropy(out.at(0), y.at(0));
+  };
+  const auto autocast = cohort::amp::AutocastOptions(torch::kCPU);
+  Pipeline pipe({PipelineStage(parts[world.rank()], world.rank())}, world.group(),
+                PipelineOptions(loss).schedule(ScheduleKind::k1F1B).microbatches(2).autocast(autocast));
+  auto [x, y] = batch(0, 1);
+  x = x.to(torch::kFloat);
+  pipe.step({x}, {y});
+  torch::Tensor ref_loss;
+  {
+    cohort::amp::Autocast guard(autocast);
+    ref_loss = torch::nn::functional::cross_entropy(reference->forward(x), y);
+  }
+  ref_loss.backward();
+  auto mine = named(*pipe.local_module(), true);
+  auto ref = named(*reference, true);
+  double worst = 0, largest = 0;
+  for (const auto& [name, g] : mine) {
+    worst = std::max(worst, (g - ref.at(name)).abs().max().item<double>());
+    largest = std::max(largest, ref.at(name).abs().max().item<double>());
+  }
+  const bool ok = worst < 0.05 * largest && (world.rank() == 0 || saw_bf16);
+  std::cout << "autocast " << (ok ? "ok" : "FAILED") << " rank " << world.rank() << " max_grad_diff " << worst
+            << " of " << largest << " bf16_outputs " << saw_bf16 << std::endl;
+  return ok ? 0 : 1;
+}
+
 // The batch has one feature too few for stage 0's first layer: the error says which
 // stage and which action failed, beside LibTorch's own message.
 int bad_input(World& world) {
@@ -365,6 +405,7 @@ int main(int argc, char** argv) {
     if (scenario == "mismatch") return mismatch(world);
     if (scenario == "hang") return hang(world);
     if (scenario == "bad_input") return bad_input(world);
+    if (scenario == "autocast") return autocast_parity(world);
     if (scenario == "big_state") return big_state(world);
     if (scenario == "parameterless_stage") return parameterless_stage(world);
     if (scenario == "varlen") return varlen(world, a.at(1), std::stoi(a.at(2)));
