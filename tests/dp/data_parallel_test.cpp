@@ -99,6 +99,17 @@ TEST(DataParallel, BuffersComeFromReplicaZero) {
   EXPECT_TRUE(torch::equal(dp.replica(1)->buffers()[0], model->buffers()[0]));
 }
 
+TEST(DataParallel, EvalModeReachesTheReplicas) {
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::Dropout(0.5));
+  DataParallel<torch::nn::Sequential> dp(model, DataParallelOptions(cpus(2)));
+  model->eval();
+  auto x = torch::randn({6, 4});
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(dp(x), model->forward(x)));  // no dropout anywhere
+  EXPECT_FALSE(dp.replica(1)->is_training());
+}
+
 struct PickyImpl : torch::nn::Cloneable<PickyImpl> {
   PickyImpl() { reset(); }
   void reset() override { layer = register_module("layer", torch::nn::Linear(3, 3)); }

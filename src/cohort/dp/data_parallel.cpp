@@ -64,7 +64,12 @@ void DataParallelBase::synchronize() {
   at::NoGradGuard no_grad;
   const auto params = replicas_[0]->parameters();
   const auto buffers = replicas_[0]->buffers();
+  const auto modules = replicas_[0]->modules(/*include_self=*/true);
   for (std::size_t r = 1; r < replicas_.size(); ++r) {
+    // train()/eval() set on the module reach the replicas (pre-order, so a child's
+    // own mode wins over its parent's).
+    auto theirs_modules = replicas_[r]->modules(/*include_self=*/true);
+    for (std::size_t k = 0; k < modules.size(); ++k) theirs_modules[k]->train(modules[k]->is_training());
     auto mine = replicas_[r]->parameters();
     for (std::size_t k = 0; k < params.size(); ++k) mine[k].copy_(params[k]);
     auto theirs = replicas_[r]->buffers();

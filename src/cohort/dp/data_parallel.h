@@ -29,7 +29,8 @@
 // replicas' own storage (no allocation; LibTorch's optimizers update parameters
 // through .data(), which leaves no version counter to tell a changed parameter by),
 // so a replica always runs the weights the optimizer left, and buffers (BatchNorm's
-// running statistics) come from replica 0, as in PyTorch.
+// running statistics) come from replica 0, as in PyTorch. The modules' train/eval
+// modes are copied too.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/arg.h>
