@@ -46,16 +46,24 @@ for ((i = 0; i < reps; i++)); do
     rates[$name]+="$(rate "$n" $cmd) "
   done
 done
+rows=$(mktemp)
+trap 'rm -f "$rows"' EXIT
 for side in "${sides[@]}"; do
   IFS='|' read -r name n cmd <<<"$side"
-  echo "$name ${rates[$name]}"
-done | /usr/bin/python3 -c '
+  echo "$name ${rates[$name]}" >>"$rows"
+done
+/usr/bin/python3 - "$rows" <<'PY'
 import statistics, sys
-rows = {l.split()[0]: [float(x) for x in l.split()[1:]] for l in sys.stdin}
+rows = {}
+for line in open(sys.argv[1]):
+    name, *values = line.split()
+    rows[name] = [float(x) for x in values]
 med = {k: statistics.median(v) for k, v in rows.items()}
 print(f"{len(next(iter(rows.values())))} repetitions; samples/s over all ranks, median (runs)")
 for k, v in rows.items():
-    print(f"{k:16} {med[k]:8.0f}   ({\" \".join(f\"{x:.0f}\" for x in v)})")
-print(f"DataParallel / single: {med[\"dataparallel-2\"] / med[\"single\"]:.2f}; DDP / single: {med[\"ddp-2\"] / med[\"single\"]:.2f}")
-print(f"bf16 / fp32: cohort {med[\"cohort-bf16\"] / med[\"cohort-fp32\"]:.2f}, pytorch {med[\"pytorch-bf16\"] / med[\"pytorch-fp32\"]:.2f}; cohort / pytorch in bf16: {med[\"cohort-bf16\"] / med[\"pytorch-bf16\"]:.2f}")
-'
+    runs = " ".join(f"{x:.0f}" for x in v)
+    print(f"{k:16} {med[k]:8.0f}   ({runs})")
+print(f"DataParallel / single: {med['dataparallel-2'] / med['single']:.2f}; DDP / single: {med['ddp-2'] / med['single']:.2f}")
+print(f"bf16 / fp32: cohort {med['cohort-bf16'] / med['cohort-fp32']:.2f}, pytorch {med['pytorch-bf16'] / med['pytorch-fp32']:.2f}; "
+      f"cohort / pytorch in bf16: {med['cohort-bf16'] / med['pytorch-bf16']:.2f}, in fp32: {med['cohort-fp32'] / med['pytorch-fp32']:.2f}")
+PY
