@@ -140,6 +140,40 @@ TEST(GradScaler, RefusesFloat16Gradients) {
   EXPECT_THROW(scaler.unscale_(opt), cohort::ConfigError);
 }
 
+TEST(GradScaler, ARefusedUnscaleChangesNoGradient) {
+  auto a = torch::zeros({2}).requires_grad_();
+  auto b = torch::zeros({2}, torch::kHalf).requires_grad_();
+  a.mutable_grad() = torch::full({2}, 8.0);
+  b.mutable_grad() = torch::full({2}, 8.0, torch::kHalf);
+  torch::optim::SGD opt({a, b}, 0.1);
+  GradScaler scaler(GradScalerOptions().init_scale(4));
+  EXPECT_THROW(scaler.unscale_(opt), cohort::ConfigError);
+  EXPECT_TRUE(torch::equal(a.grad(), torch::full({2}, 8.0)));
+}
+
+TEST(GradScaler, AStepWithNoGradientIsAnError) {
+  auto a = torch::zeros({2}).requires_grad_();
+  torch::optim::SGD opt({a}, 0.1);
+  GradScaler scaler;
+  EXPECT_THROW(scaler.step(opt), cohort::ConfigError);
+}
+
+TEST(GradScaler, ALoadedStateIsCheckedAsTheConstructorChecks) {
+  auto state_with = [](const char* key, c10::IValue value) {
+    GradScaler scaler;
+    auto state = scaler.state_dict();
+    state.insert_or_assign(key, value);
+    return state;
+  };
+  GradScaler scaler;
+  EXPECT_THROW(scaler.load_state_dict(state_with("growth_interval", int64_t{-5})), cohort::DataError);
+  EXPECT_THROW(scaler.load_state_dict(state_with("growth_interval", 0.5)), cohort::DataError);
+  EXPECT_THROW(scaler.load_state_dict(state_with("growth_factor", 0.25)), cohort::DataError);
+  EXPECT_THROW(scaler.load_state_dict(state_with("backoff_factor", 3.0)), cohort::DataError);
+  EXPECT_THROW(scaler.load_state_dict(state_with("_growth_tracker", int64_t{-100000})), cohort::DataError);
+  EXPECT_EQ(scaler.get_scale(), 65536.0);  // nothing of a refused state was taken
+}
+
 TEST(GradScaler, EachOptimizerChecksItsOwnGradients) {
   Toy s;
   auto params = s.model->parameters();

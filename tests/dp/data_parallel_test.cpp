@@ -110,6 +110,29 @@ TEST(DataParallel, EvalModeReachesTheReplicas) {
   EXPECT_FALSE(dp.replica(1)->is_training());
 }
 
+// Two forwards, then one backward over both (siamese and contrastive losses).
+TEST(DataParallel, TwoForwardsBeforeOneBackward) {
+  auto model = make_model(), reference = make_model();
+  DataParallel<torch::nn::Sequential> dp(model, DataParallelOptions(cpus(2)));
+  auto a = torch::randn({6, 6}, torch::kDouble), b = torch::randn({6, 6}, torch::kDouble);
+  (dp(a).sum() + dp(b).pow(2).sum()).backward();
+  (reference->forward(a).sum() + reference->forward(b).pow(2).sum()).backward();
+  EXPECT_LT(max_diff(grads_of(*model), grads_of(*reference)), kTolerance);
+}
+
+TEST(DataParallel, ChangingRequiresGradAfterBuildingIsRefused) {
+  auto model = make_model();
+  model->parameters()[0].requires_grad_(false);
+  DataParallel<torch::nn::Sequential> dp(model, DataParallelOptions(cpus(2)));
+  model->parameters()[0].requires_grad_(true);
+  try {
+    dp(torch::randn({4, 6}, torch::kDouble));
+    FAIL() << "no error";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("started requiring gradients"), std::string::npos) << e.what();
+  }
+}
+
 struct PickyImpl : torch::nn::Cloneable<PickyImpl> {
   PickyImpl() { reset(); }
   void reset() override { layer = register_module("layer", torch::nn::Linear(3, 3)); }

@@ -132,6 +132,52 @@ TEST(Checkpoint, TheRecomputationRunsUnderTheForwardsAutocast) {
   expect_bitwise(plain, ckpt);
 }
 
+// The recomputation's weight casts must not outlive its step: after the optimizer's
+// update, the next autocast forward sees the new weights (review of issue 14).
+TEST(Checkpoint, TheNextStepUnderAutocastSeesTheUpdatedWeights) {
+  torch::manual_seed(4);
+  torch::nn::Linear lin(8, 8);
+  auto x = torch::randn({4, 8});
+  const auto autocast = cohort::amp::AutocastOptions(torch::kCPU);
+  torch::Tensor y;
+  {
+    cohort::amp::Autocast guard(autocast);
+    y = checkpoint([&](const TensorList& in) { return TensorList{lin(in[0])}; }, {x},
+                   CheckpointOptions().modules({lin.ptr()}))[0];
+  }
+  y.to(torch::kFloat).sum().backward();
+  torch::optim::SGD(lin->parameters(), 0.5).step();
+  torch::Tensor z;
+  {
+    cohort::amp::Autocast guard(autocast);
+    z = lin(x);
+  }
+  auto expected = torch::nn::functional::linear(x.to(torch::kBFloat16), lin->weight.to(torch::kBFloat16),
+                                                lin->bias.to(torch::kBFloat16));
+  EXPECT_TRUE(torch::equal(z, expected));
+}
+
+TEST(Checkpoint, ATensorOutsideTheGivenModulesIsRefusedNotLeftWithoutGradient) {
+  torch::nn::Linear lin(3, 3);
+  auto extra = torch::ones({3}, torch::requires_grad());
+  auto y = checkpoint([&](const TensorList& in) { return TensorList{lin(in[0]) * extra}; }, {torch::randn({2, 3})},
+                      CheckpointOptions().modules({lin.ptr()}))[0];
+  try {
+    y.sum().backward();
+    FAIL() << "no error";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("neither one of its inputs nor a parameter"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, GradOfASegmentWithoutModulesIsRefused) {
+  torch::nn::Linear lin(3, 3);
+  auto x = torch::randn({2, 3}, torch::requires_grad());
+  auto y = checkpoint([&](const TensorList& in) { return TensorList{lin(in[0])}; }, {x})[0];
+  EXPECT_THROW(torch::autograd::grad({y.sum()}, {x}), cohort::ConfigError);
+  EXPECT_FALSE(lin->weight.grad().defined());
+}
+
 TEST(Checkpoint, WithoutGradientsItIsAPlainForward) {
   auto m = make_model();
   m->eval();

@@ -60,18 +60,27 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // multiplying by it gives bitwise the gradient an unscaled backward would have
   // (barring values that under- or overflowed while scaled).
   const double inv = 1.0 / scale_;
-  std::vector<std::pair<c10::Device, at::Tensor>> bad;  // per device: any non-finite gradient there
-  std::size_t index = 0;
-  for (auto& group : optimizer.param_groups()) {
+  // Every gradient is checked before any is changed: a refusal leaves them as they were.
+  std::size_t index = 0, with_grad = 0;
+  for (auto& group : optimizer.param_groups())
     for (auto& p : group.params()) {
       ++index;
-      auto& g = p.mutable_grad();
-      if (!g.defined()) continue;
-      if (g.scalar_type() == at::kHalf)
+      if (!p.grad().defined()) continue;
+      ++with_grad;
+      if (p.grad().scalar_type() == at::kHalf)
         throw ConfigError(fmt::format(
             "cohort GradScaler: parameter {} of the optimizer has a float16 gradient; unscaling it would lose "
             "precision. Keep the parameters in float32 and let autocast run the operations in float16",
             index - 1));
+    }
+  if (with_grad == 0 && !(group_ && group_->size() > 1))
+    throw ConfigError("cohort GradScaler: none of the optimizer's parameters has a gradient; call "
+                      "scaler.scale(loss).backward() before unscale_() or step()");
+  std::vector<std::pair<c10::Device, at::Tensor>> bad;  // per device: any non-finite gradient there
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      auto& g = p.mutable_grad();
+      if (!g.defined()) continue;
       if (g.is_sparse()) g = g.coalesce();
       auto values = g.is_sparse() ? g._values() : g;
       auto here = at::logical_not(at::isfinite(values)).any();
@@ -147,14 +156,26 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
   if (state.empty())
     throw DataError("cohort GradScaler: the state is empty; it was saved by a disabled GradScaler (--amp other "
                     "than fp16?). Load it into a disabled one, or start the scaler afresh");
-  const double scale = number(state, "scale");
-  if (!(scale > 0) || !std::isfinite(scale))
-    throw DataError(fmt::format("cohort GradScaler: the state's scale {} is not positive and finite", scale));
-  options_.growth_factor(number(state, "growth_factor"));
-  options_.backoff_factor(number(state, "backoff_factor"));
-  options_.growth_interval(static_cast<std::int64_t>(number(state, "growth_interval")));
+  const double scale = number(state, "scale"), growth = number(state, "growth_factor"),
+               backoff = number(state, "backoff_factor"), interval = number(state, "growth_interval"),
+               tracker = number(state, "_growth_tracker");
+  auto refuse = [](const char* key, double value, const char* want) {
+    throw DataError(fmt::format("cohort GradScaler: the state's {} is {}; it must be {}. The state is damaged or "
+                                "not a GradScaler's",
+                                key, value, want));
+  };
+  // The constructor's checks, so a loaded scaler behaves as a constructed one.
+  if (!(scale > 0) || !std::isfinite(scale)) refuse("scale", scale, "positive and finite");
+  if (!(growth > 1.0) || !std::isfinite(growth)) refuse("growth_factor", growth, "above 1");
+  if (!(backoff > 0 && backoff < 1.0)) refuse("backoff_factor", backoff, "between 0 and 1");
+  if (!(interval >= 1) || interval != std::floor(interval)) refuse("growth_interval", interval, "an integer of at least 1");
+  if (!(tracker >= 0 && tracker < interval) || tracker != std::floor(tracker))
+    refuse("_growth_tracker", tracker, "an integer from 0 to growth_interval - 1");
+  options_.growth_factor(growth);
+  options_.backoff_factor(backoff);
+  options_.growth_interval(static_cast<std::int64_t>(interval));
   scale_ = scale;
-  growth_tracker_ = static_cast<std::int64_t>(number(state, "_growth_tracker"));
+  growth_tracker_ = static_cast<std::int64_t>(tracker);
   per_optimizer_.clear();
 }
 

@@ -41,6 +41,7 @@ DataParallelBase::DataParallelBase(std::shared_ptr<torch::nn::Module> module,
 
 void DataParallelBase::link_gradients() {
   const auto originals = replicas_[0]->named_parameters(/*recurse=*/true);
+  for (const auto& item : originals) linked_.push_back(item.value().requires_grad());
   for (std::size_t r = 1; r < replicas_.size(); ++r) {
     auto copies = replicas_[r]->named_parameters(/*recurse=*/true);
     TORCH_INTERNAL_ASSERT(copies.size() == originals.size(), "a replica with another parameter count");
@@ -63,6 +64,14 @@ void DataParallelBase::link_gradients() {
 void DataParallelBase::synchronize() {
   at::NoGradGuard no_grad;
   const auto params = replicas_[0]->parameters();
+  // The gradient edges were laid for the flags at construction (link_gradients).
+  const auto named = replicas_[0]->named_parameters();
+  for (std::size_t k = 0; k < named.size(); ++k)
+    if (named[k].value().requires_grad() != linked_[k])
+      throw ConfigError(fmt::format(
+          "cohort DataParallel: parameter '{}' {} since the DataParallel was built, so the replicas' gradients "
+          "would not reach it; set requires_grad before building the DataParallel, or build it again",
+          named[k].key(), linked_[k] ? "stopped requiring gradients" : "started requiring gradients"));
   const auto buffers = replicas_[0]->buffers();
   const auto modules = replicas_[0]->modules(/*include_self=*/true);
   for (std::size_t r = 1; r < replicas_.size(); ++r) {
@@ -70,11 +79,14 @@ void DataParallelBase::synchronize() {
     // own mode wins over its parent's).
     auto theirs_modules = replicas_[r]->modules(/*include_self=*/true);
     for (std::size_t k = 0; k < modules.size(); ++k) theirs_modules[k]->train(modules[k]->is_training());
+    // Only what differs is copied: a copy bumps the version of a tensor a live graph
+    // may have saved (two forwards before one backward, as siamese losses do).
     auto mine = replicas_[r]->parameters();
-    for (std::size_t k = 0; k < params.size(); ++k) mine[k].copy_(params[k]);
+    for (std::size_t k = 0; k < params.size(); ++k)
+      if (!at::equal(mine[k], params[k].to(mine[k].device()))) mine[k].copy_(params[k]);
     auto theirs = replicas_[r]->buffers();
     for (std::size_t k = 0; k < buffers.size(); ++k)
-      if (buffers[k].defined()) theirs[k].copy_(buffers[k]);
+      if (buffers[k].defined() && !at::equal(theirs[k], buffers[k].to(theirs[k].device()))) theirs[k].copy_(buffers[k]);
   }
 }
 

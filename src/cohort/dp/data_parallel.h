@@ -79,6 +79,7 @@ class DataParallelBase {
 
   std::vector<std::shared_ptr<torch::nn::Module>> replicas_;
   DataParallelOptions options_;
+  std::vector<bool> linked_;  // per module parameter: requires_grad when the edges were laid
 };
 
 // `ModuleHolder` is a LibTorch module holder (torch::nn::Sequential, or one made by

@@ -4,6 +4,11 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include <unordered_set>
+#include <ATen/autocast_mode.h>
 
 #include "cohort/checkpoint/rng_state.h"
 #include "cohort/amp/autocast_state.h"
@@ -24,6 +29,36 @@ std::vector<std::pair<at::Tensor, at::Tensor>> snapshot_buffers(
     for (auto& b : m->buffers())
       if (b.defined()) out.emplace_back(b, b.clone());
   return out;
+}
+
+// With .modules(), only the inputs and the modules' parameters get gradients from
+// the segment. A tensor the function closes over (another module's parameter, a
+// free tensor requiring grad) would silently get none: find such leaves in the
+// recomputed graph and refuse.
+void check_leaves(const TensorList& roots, const TensorList& known) {
+  std::unordered_set<const torch::autograd::Node*> stop;  // where the known tensors' gradients enter
+  for (const auto& t : known)
+    if (t.defined() && t.requires_grad()) stop.insert(torch::autograd::impl::gradient_edge(t).function.get());
+  std::vector<torch::autograd::Node*> todo;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const auto& r : roots)
+    if (r.grad_fn()) todo.push_back(r.grad_fn().get());
+  while (!todo.empty()) {
+    auto* node = todo.back();
+    todo.pop_back();
+    for (const auto& edge : node->next_edges()) {
+      auto* next = edge.function.get();
+      if (!next || stop.count(next) || !seen.insert(next).second) continue;
+      if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(next)) {
+        throw ConfigError(fmt::format(
+            "cohort checkpoint: the checkpointed function uses a tensor of shape {} that requires a gradient but is "
+            "neither one of its inputs nor a parameter of the modules given to .modules(); it would get no "
+            "gradient. Pass it as an input, or add the module that owns it to .modules()",
+            c10::str(leaf->variable.sizes())));
+      }
+      todo.push_back(next);
+    }
+  }
 }
 
 struct Segment : torch::CustomClassHolder {
@@ -72,15 +107,24 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       const auto now = rng ? checkpoint::capture_rng_state(segment->device) : std::vector<at::Tensor>();
       const auto autocast_now = amp::AutocastState::capture();
       if (rng) checkpoint::restore_rng_state(segment->device, segment->rng);
+      // As a guard would: one more nesting level while recomputing, and the cast
+      // cache dropped when it ends at the outermost level; else the recomputation's
+      // casts of the weights would outlive this step and serve the next one the
+      // weights from before the optimizer's update.
       segment->autocast.apply();
+      at::autocast::increment_nesting();
+      auto leave = [&] {
+        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+        autocast_now.apply();
+      };
       try {
         at::AutoGradMode grad_on(true);
         outputs = segment->fn(inputs);
       } catch (...) {
-        autocast_now.apply();
+        leave();
         throw;
       }
-      autocast_now.apply();
+      leave();
       if (rng) checkpoint::restore_rng_state(segment->device, now);
     }
     auto restore_buffers = [&buffers] {
@@ -101,12 +145,19 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     for (const auto& t : all)
       if (t.defined() && t.requires_grad()) wanted.push_back(t);
     if (segment->options.modules().empty()) {
-      // No parameters as inputs: differentiate into their .grad here (reentrant).
+      // No parameters as inputs: differentiate into their .grad here (reentrant),
+      // which is only right under backward(): autograd::grad() must not fill .grad.
+      if (!torch::autograd::Engine::get_default_engine().is_checkpoint_valid())
+        throw ConfigError(
+            "cohort checkpoint: a segment checkpointed without .modules() differentiates into the parameters' "
+            ".grad, so it works with backward() but not with autograd::grad(); pass the modules it runs "
+            "(CheckpointOptions().modules(...)) to use grad()");
       if (!roots.empty()) torch::autograd::backward(roots, grads);
       restore_buffers();
       for (const auto& in : inputs) result.push_back(in.defined() && in.requires_grad() ? in.grad() : at::Tensor());
       return result;
     }
+    check_leaves(roots, all);
     variable_list got;
     if (!roots.empty() && !wanted.empty())
       got = torch::autograd::grad(roots, wanted, grads, /*retain_graph=*/false, /*create_graph=*/false,
