@@ -14,3 +14,21 @@ function(cohort_add_test)
     PROPERTIES LABELS "${T_LABELS}" TIMEOUT 300
     DISCOVERY_TIMEOUT 60)
 endfunction()
+
+# A multiprocess test with its own worker program, which the test starts through
+# `cohort run`. The test learns both paths from compile definitions:
+#   cohort_add_worker_test(NAME ddp_multiproc_tests SOURCES multiproc/ddp_test.cpp
+#     WORKER cohort_ddp_worker WORKER_SOURCES multiproc/ddp/ddp_worker.cpp ...
+#     PATH_DEFINE COHORT_DDP_WORKER_PATH [LIBS ...])
+# defines COHORT_CLI_PATH and COHORT_DDP_WORKER_PATH, labelled `multiproc`.
+function(cohort_add_worker_test)
+  cmake_parse_arguments(W "" "NAME;WORKER;PATH_DEFINE" "SOURCES;WORKER_SOURCES;LIBS" ${ARGN})
+  add_executable(${W_WORKER} ${W_WORKER_SOURCES})
+  target_include_directories(${W_WORKER} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/multiproc)
+  target_link_libraries(${W_WORKER} PRIVATE cohort::cohort)
+  cohort_add_test(NAME ${W_NAME} SOURCES ${W_SOURCES} LABELS multiproc LIBS ${W_LIBS})
+  add_dependencies(${W_NAME} cohort_cli ${W_WORKER})
+  target_compile_definitions(${W_NAME} PRIVATE
+    COHORT_CLI_PATH="$<TARGET_FILE:cohort_cli>"
+    ${W_PATH_DEFINE}="$<TARGET_FILE:${W_WORKER}>")
+endfunction()
