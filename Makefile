@@ -12,7 +12,7 @@ COHORT       = $(BUILD)/tools/cohort/cohort
 
 export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
 
-.PHONY: all deps configure build run test test-torch2 bench install clean
+.PHONY: all deps configure build run test test-torch2 test-torch2-cuda bench install clean
 
 all: build
 
@@ -40,12 +40,19 @@ test: build
 	scripts/run-tests $(BUILD)
 
 # The same suite against LibTorch 2.6, in a Debian 13 chroot made by
-# scripts/torch2-chroot (about 1 minute the first time, reused after).
-
-TORCH2_FLAGS ?=
+# scripts/torch2-chroot (a few minutes the first time, reused after).
+# TORCH2_FLAVOR=cuda builds against Debian's CUDA LibTorch with NCCL, warnings as
+# errors, and runs the suite on this machine's CPU (docs/gpu_without_a_gpu.md).
+TORCH2_FLAVOR ?= cpu
+TORCH2_FLAGS  ?=
+TORCH2_BUILD   = $(if $(filter cuda,$(TORCH2_FLAVOR)),build-torch2-cuda,build-torch2)
 test-torch2:
-	scripts/torch2-chroot 'cmake -S . -B build-torch2 -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(TORCH2_FLAGS) && \
-	  cmake --build build-torch2 -j $(JOBS) && scripts/run-tests build-torch2'
+	COHORT_TORCH2_FLAVOR=$(TORCH2_FLAVOR) scripts/torch2-chroot 'cmake -S . -B $(TORCH2_BUILD) \
+	  -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(TORCH2_FLAGS) && \
+	  cmake --build $(TORCH2_BUILD) -j $(JOBS) && scripts/run-tests $(TORCH2_BUILD)'
+
+test-torch2-cuda:
+	$(MAKE) test-torch2 TORCH2_FLAVOR=cuda
 
 # Benchmarks (BENCHMARKS.md): cohort against PyTorch's torch.distributed, DDP
 # training against PyTorch's DDP, elastic restarts and rendezvous against torchrun,
@@ -61,4 +68,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-torch2
+	rm -rf $(BUILD) build-torch2 build-torch2-cuda

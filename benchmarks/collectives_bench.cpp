@@ -1,7 +1,7 @@
 // Latency of cohort's bounded collectives against the raw c10d backend they wrap, on
 // ranks as threads over one in-memory store (Gloo over loopback). It measures what
 // cohort adds per call: argument checks, the arrival board, and the bounded wait.
-//   ./build/benchmarks/collectives_bench --benchmark_repetitions=5 \
+//   ./build/benchmarks/collectives_bench --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>

@@ -17,16 +17,17 @@
 #include <cmath>
 #include <cstring>
 
+#include "cohort/compat/allocator.h"
 #include "cohort/recompute/checkpoint.h"
 
 namespace {
 
 // Note [Counting allocator]: every CPU tensor's bytes pass through here, so the peak
 // of live bytes during a step is what the step allocated at its worst.
-class CountingAllocator final : public c10::Allocator {
+class CountingAllocator final : public cohort::compat::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate_bytes(std::size_t n) const override {
     auto inner = base_->allocate(n);
     void* data = inner.get();
     auto* ctx = new Context{std::move(inner), n, this};
@@ -37,8 +38,7 @@ class CountingAllocator final : public c10::Allocator {
     return {data, ctx, &CountingAllocator::release, c10::Device(c10::kCPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  // LibTorch 2.x asks allocators to copy; 1.13 has no such method.
-  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
   std::int64_t live() const { return live_.load(); }
   void reset_peak() { peak_.store(live_.load()); }
   std::int64_t peak() const { return peak_.load(); }

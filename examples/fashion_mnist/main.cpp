@@ -1,7 +1,7 @@
 // Trains a small CNN on Fashion-MNIST across processes: cohort's
 // DistributedDataParallel, DistributedSampler and checkpoints on real data.
 //
-//   cohort run --nproc-per-node 2 ./build/examples/fashion_mnist/fashion_mnist \
+//   cohort run --nproc-per-node 2 ./build/examples/fashion_mnist/fashion_mnist
 //       --epochs 2 --checkpoint-dir /tmp/fmnist-ckpt
 //
 // Rank 0 shows progress and ends with one JSON line:

@@ -19,6 +19,7 @@
 #include "cohort/data/distributed_sampler.h"
 #include "cohort/data/fashion_mnist.h"
 #include "cohort/errors.h"
+#include "cohort/system/cuda.h"
 #include "evaluate.h"
 #include "cohort/trace/step_profiler.h"
 #include "performance.h"
@@ -33,11 +34,9 @@ using cohort::data::FashionMnist;
 
 c10::Device choose_device(const TrainerOptions& o, const cohort::comm::World& world) {
   if (o.device == "cpu" || (o.device == "auto" && !torch::cuda::is_available())) return torch::kCPU;
-  if (!torch::cuda::is_available()) {
-    throw cohort::ConfigError(
-        "--device cuda: no CUDA device is usable (this LibTorch has no CUDA, or no GPU is "
-        "visible); use --device cpu, or a CUDA build of LibTorch on a machine with a GPU");
-  }
+  if (!torch::cuda::is_available())
+    throw cohort::ConfigError("--device cuda: no CUDA device is usable: " + cohort::system::detect_cuda().why_no_gpu() +
+                              "; or use --device cpu (or auto)");
   if (world.device().is_cuda()) return world.device();
   const auto count = static_cast<int>(torch::cuda::device_count());
   return c10::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % count));

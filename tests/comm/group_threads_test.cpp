@@ -57,7 +57,9 @@ TEST(ThreadWorld, SubGroupsAreIndependent) {
     auto t = torch::full({1}, static_cast<double>(world.rank()));
     mine.all_reduce(t);
     EXPECT_EQ(t.item<double>(), world.rank() < 2 ? 1.0 : 5.0);
-    if (world.rank() == 3) EXPECT_EQ(high.rank(), 0);
+    if (world.rank() == 3) {
+      EXPECT_EQ(high.rank(), 0);
+    }
   });
 }
 

@@ -355,6 +355,16 @@ TEST(Failure, PeerCasualtiesAreNotTheRootCause) {
   EXPECT_EQ(root_cause({casualty, outcome(3, SIGTERM, true)})->slot.rank, 0);
 }
 
+TEST(Failure, GloosOwnTransportErrorIsACasualty) {
+  // Seen in a run: rank 2 was SIGKILLed, and rank 0 exited first with Gloo's
+  // exception, unwrapped; it was named as the root cause.
+  auto transport = outcome(0, 1 << 8, false);
+  transport.error = cohort::elastic::ErrorRecord{
+      "gloo::IoException: [./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:49838", "", 0};
+  EXPECT_TRUE(is_casualty(transport));
+  EXPECT_EQ(root_cause({transport, outcome(2, SIGKILL, false)})->slot.rank, 2);
+}
+
 TEST(Failure, AWorkerKilledBySigpipeIsACasualty) {
   // It wrote to a connection a dead peer had closed.
   auto broken_pipe = outcome(0, SIGPIPE, false);

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cohort/system/cuda.h"
 #include "support/subprocess.h"
 
 namespace {
@@ -64,6 +65,14 @@ TEST(Info, ReportsVersionBackendsAndDevices) {
   auto r = cohort::testing::run_process({kCohort, "info"}, 30s);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("LibTorch: "), std::string::npos) << r.out;
+  // A CUDA LibTorch on a machine without a GPU says so (issue 15).
+  EXPECT_NE(r.out.find("(" + cohort::system::detect_cuda().describe() + ")\n"), std::string::npos) << r.out;
+#ifdef COHORT_HAVE_NCCL
+  EXPECT_NE(r.out.find("(CUDA LibTorch (runtime "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("nccl yes"), std::string::npos) << r.out;
+#else
+  EXPECT_NE(r.out.find("(CPU-only LibTorch)"), std::string::npos) << r.out;
+#endif
   EXPECT_NE(r.out.find("gloo yes"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("devices: cpu"), std::string::npos) << r.out;
 }

@@ -56,11 +56,15 @@ void expect_well_nested_and_monotonic(const json& events, const std::string& wha
     const std::pair<int, int> thread{e.at("pid").get<int>(), e.at("tid").get<int>()};
     const double ts = e.at("ts").get<double>(), end = ts + e.at("dur").get<double>();
     auto last = last_ts.find(thread);
-    if (last != last_ts.end()) ASSERT_GE(ts, last->second) << what << ": not monotonic at " << e.dump();
+    if (last != last_ts.end()) {
+      ASSERT_GE(ts, last->second) << what << ": not monotonic at " << e.dump();
+    }
     last_ts[thread] = ts;
     auto& stack = open[thread];
     while (!stack.empty() && ts >= stack.back().second) stack.pop_back();
-    if (!stack.empty()) ASSERT_LE(end, stack.back().second + 1e-3) << what << ": overlaps its parent: " << e.dump();
+    if (!stack.empty()) {
+      ASSERT_LE(end, stack.back().second + 1e-3) << what << ": overlaps its parent: " << e.dump();
+    }
     stack.emplace_back(ts, end);
   }
   EXPECT_GT(spans, 0) << what;

@@ -16,6 +16,7 @@
 #include "support/state_dicts.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
+#include "cohort/system/cuda.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -327,6 +328,23 @@ TEST(Trainer, AmpFlagsThatCannotWorkExitTwo) {
   auto bad = cohort::testing::run_process({COHORT_TRAINER_PATH, "--amp", "fp8"}, 30s);
   EXPECT_EQ(bad.exit_code, 2) << describe(bad);
   EXPECT_NE(bad.err.find("--amp"), std::string::npos) << bad.err;
+}
+
+TEST(Trainer, DeviceCudaSaysWhatIsMissing) {
+  const auto cuda = cohort::system::detect_cuda();
+  auto r = run_trainer(1, with(kQuick, {"--device", "cuda"}));
+  if (cuda.visible_gpus > 0) {
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    return;
+  }
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_NE(r.err.find("--device cuda: no CUDA device is usable: " + cuda.why_no_gpu()), std::string::npos)
+      << r.err;
+#ifdef COHORT_HAVE_NCCL
+  EXPECT_NE(r.err.find("this LibTorch has CUDA (runtime "), std::string::npos) << r.err;
+#else
+  EXPECT_NE(r.err.find("this LibTorch was built without CUDA"), std::string::npos) << r.err;
+#endif
 }
 
 TEST(Trainer, PipelineFlagsThatCannotWorkExitTwo) {

@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
-#include <torch/cuda.h>
 
 #include "cohort/comm/backend_factory.h"
 #include "cohort/compat/c10d.h"
 #include "cohort/launcher/agent.h"
 #include "cohort/system/blas.h"
+#include "cohort/system/cuda.h"
 
 namespace cohort::tools {
 
@@ -21,12 +21,17 @@ int info_command(const InfoOptions& options, std::ostream& out, std::ostream& er
   const auto threads = system::thread_settings();
   const double gflops = options.measure_gemm ? system::gemm_gflops_one_core() : -1;
   const auto warning = system::blas_warning(blas);
+  const auto cuda = system::detect_cuda();
   if (options.json) {
     nlohmann::json j;
     j["libtorch"] = version;
     j["backends"] = {{"gloo", has("gloo")}, {"nccl", has("nccl")}, {"mpi", has("mpi")}};
     j["cpus"] = res.cpu_count;
-    j["cuda_available"] = torch::cuda::is_available();
+    j["cuda_available"] = cuda.visible_gpus > 0;
+    j["cuda"] = {{"libtorch_has_cuda", cuda.built_with_cuda},
+                 {"runtime", cuda.runtime_version},
+                 {"gpus", cuda.visible_gpus},
+                 {"summary", cuda.describe()}};
     j["gpus"] = res.gpu_count;
     j["blas"] = {{"name", blas.name}, {"library", blas.library}, {"config", blas.config},
                  {"threads", blas.threads}, {"reference", blas.reference()}};
@@ -39,7 +44,7 @@ int info_command(const InfoOptions& options, std::ostream& out, std::ostream& er
     out << j.dump() << "\n";
   } else {
     out << fmt::format("cohort {}\n", COHORT_VERSION);
-    out << fmt::format("LibTorch: {}\n", version);
+    out << fmt::format("LibTorch: {} ({})\n", version, cuda.describe());
     out << fmt::format("backends: gloo {}, nccl {}, mpi {}\n", has("gloo") ? "yes" : "no",
                        has("nccl") ? "yes" : "no", has("mpi") ? "yes" : "no");
     out << fmt::format("devices: cpu ({} cores usable)", res.cpu_count);

@@ -6,7 +6,6 @@
 #endif
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/cuda.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -27,17 +26,28 @@ std::vector<std::string> available_backends() {
   return out;
 }
 
-std::string resolve_backend(const std::string& requested, int local_world_size) {
+std::string resolve_backend(const std::string& requested, int local_world_size, const system::CudaSupport& cuda) {
   auto have = available_backends();
-  if (requested == "auto") {
-    bool nccl = std::find(have.begin(), have.end(), "nccl") != have.end();
-    return nccl && static_cast<int>(torch::cuda::device_count()) >= local_world_size ? "nccl" : "gloo";
-  }
+  const bool nccl = std::find(have.begin(), have.end(), "nccl") != have.end();
+  if (requested == "auto") return nccl && cuda.visible_gpus >= local_world_size ? "nccl" : "gloo";
   if (std::find(have.begin(), have.end(), requested) == have.end())
-    throw ConfigError(fmt::format("cohort: backend '{}' is not available in this build (available: {}); "
+    throw ConfigError(fmt::format("cohort: backend '{}' is not available in this build (available: {}; {}); "
                                   "use one of those, or 'auto'",
-                                  requested, fmt::join(have, ", ")));
+                                  requested, fmt::join(have, ", "), cuda.describe()));
+  if (requested == "nccl" && cuda.visible_gpus == 0)
+    throw ConfigError(fmt::format("cohort: backend 'nccl' needs a GPU per local rank, but {}; or use --backend gloo "
+                                  "(or 'auto')",
+                                  cuda.why_no_gpu()));
   return requested;
+}
+
+c10::Device device_for_backend(const std::string& backend, int local_rank, const system::CudaSupport& cuda) {
+  if (backend != "nccl") return c10::Device(c10::kCPU);
+  if (local_rank >= cuda.visible_gpus)
+    throw ConfigError(fmt::format("cohort: LOCAL_RANK {} needs GPU {} but this host sees {} GPU(s); start at most "
+                                  "{} processes per node (cohort run --nproc-per-node gpu) or use --backend gloo",
+                                  local_rank, local_rank, cuda.visible_gpus, cuda.visible_gpus));
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
 c10::intrusive_ptr<compat::Backend> make_backend(const std::string& backend,

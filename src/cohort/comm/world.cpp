@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <mutex>
@@ -74,16 +73,6 @@ void ignore_default_sigpipe() {
     signal(SIGPIPE, SIG_IGN);
 }
 
-c10::Device pick_device(const std::string& backend, const WorldInfo& info) {
-  if (backend != "nccl") return c10::Device(c10::kCPU);
-  auto gpus = static_cast<int>(torch::cuda::device_count());
-  if (info.local_rank >= gpus)
-    throw ConfigError(fmt::format("cohort: LOCAL_RANK {} needs GPU {} but this host sees {} GPU(s); start at most "
-                                  "{} processes per node (cohort run --nproc-per-node gpu) or use --backend gloo",
-                                  info.local_rank, info.local_rank, gpus, gpus));
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank));
-}
-
 }  // namespace
 
 InitOptions InitOptions::from_env(const EnvMap& env) {
@@ -147,8 +136,9 @@ World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store,
   options.validate();
   ignore_default_sigpipe();
   auto state = std::make_shared<State>();
-  state->backend = resolve_backend(options.backend(), info.local_world_size);
-  state->device = pick_device(state->backend, info);
+  const auto cuda = system::detect_cuda();
+  state->backend = resolve_backend(options.backend(), info.local_world_size, cuda);
+  state->device = device_for_backend(state->backend, info.local_rank, cuda);
   state->info = std::move(info);
   state->options = std::move(options);
   state->store = std::move(store);

@@ -15,13 +15,17 @@ bool is_casualty(const WorkerOutcome& w) {
   // set SIGPIPE back to its default; Note [SIGPIPE in workers]).
   if (WIFSIGNALED(w.wait_status) && WTERMSIG(w.wait_status) == SIGPIPE) return true;
   if (!w.error) return false;
+  // Gloo's transport errors also reach a worker's error file unwrapped, when they
+  // surface outside a collective cohort wraps (a pending operation, or teardown).
   const auto& m = w.error->message;
-  return m.rfind("cohort::CommError", 0) == 0 || m.rfind("cohort::TimeoutError", 0) == 0;
+  for (const char* casualty : {"cohort::CommError", "cohort::TimeoutError", "gloo::IoException", "c10::DistNetworkError"})
+    if (m.rfind(casualty, 0) == 0) return true;
+  return false;
 }
 
 // Note [Root cause]
 // When one worker dies, its peers fail too: their collectives see a closed
-// connection (CommError) or time out (TimeoutError). Exit order alone misleads,
+// connection (CommError, or Gloo's own IoException) or time out (TimeoutError). Exit order alone misleads,
 // because a worker that throws tears down its sockets *before* its error handler
 // writes the error file, so a peer can report the broken connection first. The
 // root cause is therefore the first worker, in exit order, whose error is its own
