@@ -3,6 +3,14 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/serialize.h>
+
+#include <fmt/format.h>
+
+#include <exception>
+#include <vector>
+
+#include "cohort/errors.h"
 
 namespace cohort::checkpoint {
 
@@ -24,6 +32,19 @@ std::string torch_save_bytes(const c10::IValue& value) {
   torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
   writer.writeEndOfFile();
   return archive;
+}
+
+c10::IValue torch_load_bytes(const std::string& bytes, const std::string& source) {
+  std::string why;
+  try {
+    return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  throw DataError(fmt::format("{}: cannot be read as a file of torch.save ({}); it is corrupt or of another kind",
+                              source, why));
 }
 
 }  // namespace cohort::checkpoint
