@@ -442,6 +442,17 @@ TEST(CheckpointFiles, BytesTheUnpicklerRejectsWithAnyExceptionAreDataErrors) {
   EXPECT_THROW(decode_trainer_state(file, "trainer.pt"), cohort::DataError);
 }
 
+// Found by fuzz_checkpoint_pickle: a zip directory that points past the end of the file
+// made LibTorch's own reader read out of bounds (Note [Bounded reads of torch.save
+// files]); a SEGV under ASan, garbage or a crash without. A DataError now.
+TEST(CheckpointFiles, AZipDirectoryPastTheEndIsADataError) {
+  const std::string input = read_whole_file(std::string(COHORT_FUZZ_REGRESSIONS_DIR) +
+                                            "/fuzz_checkpoint_pickle/zip-directory-past-the-end");
+  EXPECT_THROW(decode_trainer_state(input.substr(1), "trainer.pt"), cohort::DataError);
+  torch::nn::Linear model(2, 3);
+  EXPECT_THROW(load_state_dict(*model, input.substr(1), "model.pt"), cohort::DataError);
+}
+
 // A state dict with a key that is not a string reached toStringRef(), LibTorch's
 // internal assert; it is a DataError now.
 TEST(CheckpointFiles, StateDictKeyThatIsNotAStringIsADataError) {
