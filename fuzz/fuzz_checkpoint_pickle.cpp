@@ -6,6 +6,8 @@
 // value hold for any value.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <string>
 
 #include <torch/nn/modules/linear.h>
@@ -13,6 +15,32 @@
 #include "cohort/checkpoint/state_dict.h"
 #include "cohort/checkpoint/trainer_state.h"
 #include "fuzz_support.h"
+
+// Note [Impossible allocations in the pickle fuzzer]
+// LibTorch's unpickler allocates whatever length a string or bytes opcode announces
+// (29 GB from a 1 KB file, found by this target; docs/fuzzing.md, known limits). In a
+// normal process an allocation that big fails with std::bad_alloc, which
+// torch_load_bytes reports as a DataError. ASan's operator new aborts instead, so this
+// target replaces the global new and delete: anything over kLimit throws bad_alloc,
+// as it would outside ASan; the rest goes to ASan's malloc and free, still checked.
+namespace {
+constexpr std::size_t kLimit = std::size_t{1} << 30;
+void* allocate(std::size_t n) {
+  if (n > kLimit) throw std::bad_alloc();
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+void* operator new(std::size_t n) { return allocate(n); }
+void* operator new[](std::size_t n) { return allocate(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return n > kLimit ? nullptr : std::malloc(n ? n : 1); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return n > kLimit ? nullptr : std::malloc(n ? n : 1); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
