@@ -12,7 +12,7 @@ COHORT       = $(BUILD)/tools/cohort/cohort
 
 export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
 
-.PHONY: all deps configure build run test test-torch2 test-torch2-cuda bench install clean
+.PHONY: all deps configure build run test test-torch2 test-torch2-cuda build-asan test-asan fuzz bench install clean
 
 all: build
 
@@ -53,6 +53,25 @@ test-torch2:
 
 test-torch2-cuda:
 	$(MAKE) test-torch2 TORCH2_FLAVOR=cuda
+
+# The suite under AddressSanitizer and UndefinedBehaviorSanitizer, built with clang
+# in build-asan, which also holds the libFuzzer targets (docs/sanitizers.md,
+# docs/fuzzing.md). `make fuzz` runs each fuzzer FUZZ_SECONDS on its corpus.
+ASAN_BUILD   ?= build-asan
+FUZZ_SECONDS ?= 30
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCOHORT_BUILD_FUZZERS=ON \
+	  -DCOHORT_BUILD_BENCHMARKS=OFF $(CMAKE_FLAGS)
+
+build-asan: deps $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+test-asan: build-asan
+	scripts/run-sanitized-tests $(ASAN_BUILD)
+
+fuzz: build-asan
+	scripts/run-fuzzers $(ASAN_BUILD) $(FUZZ_SECONDS)
 
 # Benchmarks (BENCHMARKS.md): cohort against PyTorch's torch.distributed, DDP
 # training against PyTorch's DDP, elastic restarts and rendezvous against torchrun,

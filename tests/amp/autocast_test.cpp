@@ -15,7 +15,7 @@ using cohort::amp::AutocastOptions;
 TEST(Autocast, MatmulRunsInBFloat16InsideTheGuardAndFloatAfter) {
   auto a = torch::randn({4, 8}), b = torch::randn({8, 3});
   {
-    Autocast autocast(AutocastOptions(torch::kCPU));
+    Autocast autocast{AutocastOptions(torch::kCPU)};
     EXPECT_TRUE(cohort::compat::autocast_enabled(torch::kCPU));
     EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
     // Autocast leaves ops outside its lists alone.
@@ -27,7 +27,7 @@ TEST(Autocast, MatmulRunsInBFloat16InsideTheGuardAndFloatAfter) {
 
 TEST(Autocast, NestedGuardsRestoreWhatTheyFound) {
   auto a = torch::randn({2, 2});
-  Autocast outer(AutocastOptions(torch::kCPU));
+  Autocast outer{AutocastOptions(torch::kCPU)};
   {
     Autocast inner(AutocastOptions(torch::kCPU).enabled(false).cache_enabled(false));
     EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kFloat);
@@ -43,7 +43,7 @@ TEST(Autocast, GradientsOfFloatParametersStayFloat) {
   auto x = torch::randn({5, 8});
   torch::Tensor loss;
   {
-    Autocast autocast(AutocastOptions(torch::kCPU));
+    Autocast autocast{AutocastOptions(torch::kCPU)};
     loss = layer(x).sum();
   }
   EXPECT_EQ(loss.scalar_type(), torch::kBFloat16);

@@ -13,6 +13,7 @@
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/checkpoint/checkpointer.h"
 #include "cohort/checkpoint/state_dict.h"
+#include "cohort/checkpoint/torch_format.h"
 #include "cohort/checkpoint/trainer_state.h"
 #include "cohort/errors.h"
 #include "support/subprocess.h"
@@ -422,4 +423,43 @@ TEST(Checkpointer, KillDuringSaveNeverLeavesABadCheckpoint) {
   // The test is only worth something if kills landed inside saves.
   EXPECT_GE(caught_mid_save, 3);
   std::cout << caught_mid_save << " of " << kRounds << " kills landed inside a save\n";
+}
+
+// Found by fuzz_checkpoint_pickle: LibTorch's unpickler throws std::runtime_error, not
+// c10::Error, for some bad files (here a dict with a None key), and that escaped the
+// loaders as an exception no caller expects. It is a DataError naming the file now.
+TEST(CheckpointFiles, BytesTheUnpicklerRejectsWithAnyExceptionAreDataErrors) {
+  const std::string input = read_whole_file(std::string(COHORT_FUZZ_REGRESSIONS_DIR) +
+                                            "/fuzz_checkpoint_pickle/none-dict-key");
+  const std::string file = input.substr(1);  // the target's selector byte
+  torch::nn::Linear model(2, 3);
+  try {
+    load_state_dict(*model, file, "model.pt");
+    FAIL() << "loaded";
+  } catch (const cohort::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.pt: cannot be read"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(decode_trainer_state(file, "trainer.pt"), cohort::DataError);
+}
+
+// Found by fuzz_checkpoint_pickle: a zip directory that points past the end of the file
+// made LibTorch's own reader read out of bounds (Note [Bounded reads of torch.save
+// files]); a SEGV under ASan, garbage or a crash without. A DataError now.
+TEST(CheckpointFiles, AZipDirectoryPastTheEndIsADataError) {
+  const std::string input = read_whole_file(std::string(COHORT_FUZZ_REGRESSIONS_DIR) +
+                                            "/fuzz_checkpoint_pickle/zip-directory-past-the-end");
+  EXPECT_THROW(decode_trainer_state(input.substr(1), "trainer.pt"), cohort::DataError);
+  torch::nn::Linear model(2, 3);
+  EXPECT_THROW(load_state_dict(*model, input.substr(1), "model.pt"), cohort::DataError);
+}
+
+// A state dict with a key that is not a string reached toStringRef(), LibTorch's
+// internal assert; it is a DataError now.
+TEST(CheckpointFiles, StateDictKeyThatIsNotAStringIsADataError) {
+  torch::nn::Linear model(2, 3);
+  c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
+  dict.insert(std::string("weight"), model->weight.detach().clone());
+  dict.insert(std::string("bias"), model->bias.detach().clone());
+  dict.insert(std::int64_t{5}, std::int64_t{0});
+  EXPECT_THROW(load_state_dict(*model, torch_save_bytes(dict), "model.pt"), cohort::DataError);
 }

@@ -146,4 +146,26 @@ TEST(Slurm, TasksPerNode) {
   EXPECT_THROW(expand_tasks_per_node("2(x"), cohort::ConfigError);
 }
 
+// Found by fuzz_launcher_env: a short list that expands to billions of names hung the
+// worker and exhausted its memory (Note [Bounded SLURM lists]). Now it is refused.
+TEST(Slurm, ListsThatExpandBeyondAnyJobAreRefused) {
+  using cohort::comm::slurm::expand_hostlist;
+  using cohort::comm::slurm::expand_tasks_per_node;
+  EXPECT_EQ(expand_hostlist("n[1-65536]").size(), 65536u);
+  EXPECT_THROW(expand_hostlist("n[0-99999999999]"), cohort::ConfigError);
+  EXPECT_THROW(expand_hostlist("a[1-1000]b[1-1000]c[1-1000]"), cohort::ConfigError);
+  EXPECT_THROW(expand_hostlist("\x8b[15-222503,0]x[1-9],r[1-2]-n[1-2]"), cohort::ConfigError);
+  EXPECT_EQ(expand_tasks_per_node("1(x65535),2").size(), 65536u);
+  EXPECT_THROW(expand_tasks_per_node("2(x99999999999)"), cohort::ConfigError);
+  EXPECT_THROW(expand_tasks_per_node("1(x65536),1"), cohort::ConfigError);
+  EXPECT_THROW(expand_tasks_per_node("1(x-2)"), cohort::ConfigError);
+}
+
+// A negative SLURM_NODEID read before the start of the tasks-per-node list.
+TEST(Environment, NegativeSlurmNodeIdIsRefused) {
+  EXPECT_THROW(world_info_from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODEID", "-1"},
+                                {"SLURM_TASKS_PER_NODE", "1(x2)"}, {"SLURM_JOB_NODELIST", "n[1-2]"}}),
+               cohort::ConfigError);
+}
+
 }  // namespace

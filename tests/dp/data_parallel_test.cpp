@@ -163,7 +163,7 @@ TEST(DataParallel, TheCallersAutocastAndGradModeReachTheReplicas) {
   DataParallel<torch::nn::Sequential> dp(model, DataParallelOptions(cpus(3)));
   auto x = torch::randn({6, 4});
   {
-    cohort::amp::Autocast autocast(cohort::amp::AutocastOptions(torch::kCPU));
+    cohort::amp::Autocast autocast{cohort::amp::AutocastOptions(torch::kCPU)};
     EXPECT_EQ(dp(x).scalar_type(), torch::kBFloat16);  // a float32 chunk would have promoted the result
   }
   torch::NoGradGuard no_grad;

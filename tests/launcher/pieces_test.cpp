@@ -343,7 +343,10 @@ TEST(Failure, PeerCasualtiesAreNotTheRootCause) {
   casualty.error = cohort::elastic::ErrorRecord{"cohort::CommError: cohort: rank 0: barrier #1 failed", "", 0};
   auto culprit = outcome(1, SIGTERM, true);
   culprit.error = cohort::elastic::ErrorRecord{"std::runtime_error: boom", "", 0};
-  auto root = root_cause({casualty, culprit});
+  // root_cause() points into its argument, so the vector must outlive `root` (ASan
+  // caught the temporary it used to be, freed before the checks below read it).
+  const std::vector<cohort::launcher::WorkerOutcome> outcomes{casualty, culprit};
+  auto root = root_cause(outcomes);
   ASSERT_NE(root, nullptr);
   EXPECT_EQ(root->slot.rank, 1);
   EXPECT_TRUE(is_casualty(casualty));

@@ -121,7 +121,7 @@ TEST(Checkpoint, TheRecomputationRunsUnderTheForwardsAutocast) {
   auto plain_model = make_model(), ckpt_model = make_model();
   auto under_autocast = [](torch::nn::Sequential& m, bool ckpt) {
     return [&m, ckpt](const torch::Tensor& x) {
-      cohort::amp::Autocast autocast(cohort::amp::AutocastOptions(torch::kCPU));
+      cohort::amp::Autocast autocast{cohort::amp::AutocastOptions(torch::kCPU)};
       return (ckpt ? checkpoint_sequential(m, 3, x) : m->forward(x)).to(torch::kFloat);
     };
   };

@@ -4,6 +4,7 @@
 
 #include "cohort/store/frame_cipher.h"
 #include "cohort/store/handshake.h"
+#include "cohort/store/table.h"
 #include "cohort/store/wire.h"
 
 namespace {
@@ -115,6 +116,30 @@ TEST(StoreWire, RequestsAndRepliesRoundTripAndBadOnesAreRejected) {
   // A count of 2^32-1 keys in a 30-byte payload is refused, not allocated.
   Bytes hostile{static_cast<std::uint8_t>(Op::kCheck), 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff};
   EXPECT_FALSE(cohort::store::decode_request(hostile));
+}
+
+// Found by fuzz_store_wire: an ADD whose sum leaves int64 was undefined behaviour in
+// the server. It is now an error reply and the counter keeps its value.
+TEST(StoreTable, AddThatOverflowsIsAnErrorAndLeavesTheCounter) {
+  cohort::store::Table table;
+  auto set = table.apply(Request{Op::kAdd, INT64_MAX - 1, {"n"}, {}});
+  ASSERT_TRUE(set);
+  EXPECT_EQ(set->number, INT64_MAX - 1);
+  for (std::int64_t delta : {std::int64_t{2}, INT64_MAX}) {
+    auto r = table.apply(Request{Op::kAdd, delta, {"n"}, {}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, cohort::store::Status::kError);
+    ASSERT_EQ(r->values.size(), 1u);
+    EXPECT_TRUE(contains(r->values[0], "overflows")) << std::string(r->values[0].begin(), r->values[0].end());
+  }
+  auto low = table.apply(Request{Op::kAdd, INT64_MIN, {"m"}, {}});
+  ASSERT_TRUE(low);
+  auto r = table.apply(Request{Op::kAdd, -1, {"m"}, {}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, cohort::store::Status::kError);
+  auto get = table.apply(Request{Op::kGet, 0, {"n"}, {}});
+  ASSERT_TRUE(get);
+  EXPECT_EQ(std::string(get->values.at(0).begin(), get->values.at(0).end()), std::to_string(INT64_MAX - 1));
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // Python's `with torch.autocast(device_type, dtype):`.
 //
 //   {
-//     cohort::amp::Autocast autocast(cohort::amp::AutocastOptions(torch::kCPU));  // bf16 on the CPU
+//     cohort::amp::Autocast autocast{cohort::amp::AutocastOptions(torch::kCPU)};  // bf16 on the CPU
 //     auto loss = criterion(model->forward(x), y);   // matmuls and convolutions in bf16
 //   }                                                // state restored, cast cache cleared
 //   loss.backward();                                 // backward outside the guard, as in Python

@@ -6,7 +6,7 @@
 //   for (...) {
 //     optimizer.zero_grad();
 //     {
-//       cohort::amp::Autocast autocast(cohort::amp::AutocastOptions(torch::kCUDA));
+//       cohort::amp::Autocast autocast{cohort::amp::AutocastOptions(torch::kCUDA)};
 //       loss = criterion(ddp->forward(x), y);
 //     }
 //     scaler.scale(loss).backward();   // gradients scaled by scale()

@@ -75,6 +75,10 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes
     throw ConfigError(fmt::format("{}: the optimizer state does not fit this optimizer ({}); "
                                   "it was saved with another optimizer or model",
                                   source, e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    // LibTorch's archive reader throws std::runtime_error for some bad bytes, as its
+    // unpickler does (see torch_load_bytes).
+    throw DataError(fmt::format("{}: cannot be read as an optimizer state ({}); it is corrupt", source, e.what()));
   }
 }
 

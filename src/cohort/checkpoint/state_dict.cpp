@@ -49,14 +49,7 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path) {
 }
 
 void load_state_dict(torch::nn::Module& module, const std::string& bytes, const std::string& source) {
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const c10::Error& e) {
-    throw DataError(fmt::format("{}: not a saved state dict ({}); it is corrupt or of another "
-                                "kind",
-                                source, e.what_without_backtrace()));
-  }
+  const c10::IValue value = torch_load_bytes(bytes, source);
   if (!value.isGenericDict()) {
     throw DataError(fmt::format("{}: holds a {}, not a state dict (dict[str, Tensor])", source,
                                 value.tagKind()));
@@ -85,6 +78,10 @@ void load_state_dict(torch::nn::Module& module, const std::string& bytes, const 
     copies.emplace_back(target, saved);
   }
   for (const auto& entry : dict) {
+    // toStringRef() of another type is LibTorch's internal assert, not our error.
+    if (!entry.key().isString()) {
+      throw DataError(fmt::format("{}: has a key of type {}, not a parameter name", source, entry.key().tagKind()));
+    }
     const std::string key = entry.key().toStringRef();
     if (expected.count(key) == 0) {
       throw ConfigError(fmt::format("{}: has '{}', which the model does not have; it was saved "

@@ -16,4 +16,10 @@ namespace cohort::checkpoint {
 // The bytes of torch.save(value) for dicts, lists, strings, numbers and tensors.
 std::string torch_save_bytes(const c10::IValue& value);
 
+// torch.load of such bytes. Throws cohort::DataError naming `source` whatever LibTorch's
+// zip reader and unpickler make of bad bytes: they throw c10::Error for most, but
+// std::runtime_error and others for some (found by fuzz_checkpoint_pickle). Reads stay
+// inside `bytes` (Note [Bounded reads of torch.save files]).
+c10::IValue torch_load_bytes(const std::string& bytes, const std::string& source);
+
 }  // namespace cohort::checkpoint

@@ -81,12 +81,7 @@ std::string encode_trainer_state(const TrainingProgress& progress,
 }
 
 TrainerState decode_trainer_state(const std::string& bytes, const std::string& source) {
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const c10::Error& e) {
-    throw DataError(fmt::format("{}: cannot be unpickled ({})", source, e.what_without_backtrace()));
-  }
+  const c10::IValue value = torch_load_bytes(bytes, source);
   if (!value.isGenericDict()) throw DataError(fmt::format("{}: is not a dict", source));
   const auto dict = value.toGenericDict();
   const auto format = field(dict, "format", source);

@@ -118,7 +118,8 @@ WorldInfo from_slurm(const EnvMap& env) {
   if (tasks) {
     auto counts = slurm::expand_tasks_per_node(*tasks);
     w.num_nodes = static_cast<int>(counts.size());
-    if (w.node_rank >= w.num_nodes)
+    // A negative SLURM_NODEID would read before the start of the list.
+    if (w.node_rank < 0 || w.node_rank >= w.num_nodes)
       throw ConfigError("SLURM_NODEID=" + std::to_string(w.node_rank) + " but the tasks-per-node list '" +
                         *tasks + "' names only " + std::to_string(w.num_nodes) + " nodes");
     w.local_world_size = counts[static_cast<size_t>(w.node_rank)];

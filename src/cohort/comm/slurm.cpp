@@ -8,6 +8,21 @@
 namespace cohort::comm::slurm {
 namespace {
 
+// Note [Bounded SLURM lists]
+// SLURM's notations are compressed: "n[0-99999999]" is 12 bytes and a hundred million
+// names, and "a[1-1000]b[1-1000]c[1-1000]" a billion. Expanding whatever the variable
+// says would hang the worker and exhaust its memory before it ever reported a bad
+// environment (found by fuzz_launcher_env). No SLURM job spans more than 65536 nodes
+// (SLURM's own node count is far smaller in practice), so a list or a tasks-per-node
+// spec that expands to more is refused with a ConfigError, checked before anything
+// of that size is built.
+constexpr std::size_t kMaxNodes = 65536;
+
+[[noreturn]] void too_many(const std::string& what, const std::string& text) {
+  throw ConfigError(what + " '" + text + "' expands to more than " + std::to_string(kMaxNodes) +
+                    " nodes; SLURM never gives that many, so the variable is corrupt");
+}
+
 // Splits on commas that are not inside brackets.
 std::vector<std::string> split_top_level(const std::string& s) {
   std::vector<std::string> parts;
@@ -37,6 +52,7 @@ std::vector<std::string> expand_range(const std::string& range,
   long a = util::parse_long(lo, "a SLURM host range in '" + hostlist + "'");
   long b = util::parse_long(hi, "a SLURM host range in '" + hostlist + "'");
   if (b < a) throw ConfigError("SLURM host list '" + hostlist + "': range " + range + " is reversed");
+  if (b - a >= static_cast<long>(kMaxNodes)) too_many("SLURM host list", hostlist);
   std::vector<std::string> out;
   for (long i = a; i <= b; ++i) {
     std::string n = std::to_string(i);
@@ -50,6 +66,7 @@ void expand_one(const std::string& item, const std::string& hostlist,
                 std::vector<std::string>& out) {
   auto open = item.find('[');
   if (open == std::string::npos) {
+    if (out.size() >= kMaxNodes) too_many("SLURM host list", hostlist);
     out.push_back(item);
     return;
   }
@@ -84,6 +101,8 @@ std::vector<int> expand_tasks_per_node(const std::string& spec) {
         throw ConfigError("SLURM_TASKS_PER_NODE='" + spec + "': unclosed '(x'");
       repeat = util::parse_long(item.substr(paren + 2, close - paren - 2), "SLURM_TASKS_PER_NODE");
     }
+    if (repeat < 0) throw ConfigError("SLURM_TASKS_PER_NODE='" + spec + "': a negative repeat count");
+    if (static_cast<std::size_t>(repeat) > kMaxNodes - counts.size()) too_many("SLURM_TASKS_PER_NODE", spec);
     for (long i = 0; i < repeat; ++i) counts.push_back(tasks);
   }
   return counts;
