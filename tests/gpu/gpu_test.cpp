@@ -47,7 +47,7 @@ TEST(Gpu, Fp16AutocastWithTheScalerUnscalesExactly) {
   cohort::amp::GradScaler scaler;
   {
     cohort::amp::Autocast autocast(cohort::amp::AutocastOptions(c10::DeviceType::CUDA));
-    scaler.scale(model->forward(x).float().pow(2).sum()).backward();
+    scaler.scale(model->forward(x).to(torch::kFloat).pow(2).sum()).backward();
   }
   std::vector<torch::Tensor> scaled;
   for (auto& p : model->parameters()) scaled.push_back(p.grad().clone());
