@@ -46,7 +46,7 @@ TEST(Gpu, Fp16AutocastWithTheScalerUnscalesExactly) {
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
   cohort::amp::GradScaler scaler;
   {
-    cohort::amp::Autocast autocast(cohort::amp::AutocastOptions(c10::DeviceType::CUDA));
+    cohort::amp::Autocast autocast{cohort::amp::AutocastOptions(c10::DeviceType::CUDA)};
     scaler.scale(model->forward(x).to(torch::kFloat).pow(2).sum()).backward();
   }
   std::vector<torch::Tensor> scaled;
