@@ -1,17 +1,23 @@
 # One helper registers a GoogleTest program with CTest.
-#   cohort_add_test(NAME name SOURCES a.cpp ... [LABELS l ...] [LIBS ...])
+#   cohort_add_test(NAME name SOURCES a.cpp ... [LABELS l ...] [LIBS ...] [PROCESSORS n])
+# PROCESSORS: how many of ctest's -j slots each of its tests takes (default 1);
+# scripts/run-tests runs the multiproc tier two at a time, so 2 makes a test run
+# alone (Note [Two multiproc tests at a time]).
 # Tests labelled `multiproc` start real processes through `cohort run`; CI fails
 # when none of them ran (see .ci/run).
 include(GoogleTest)
 function(cohort_add_test)
-  cmake_parse_arguments(T "" "NAME" "SOURCES;LABELS;LIBS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;PROCESSORS" "SOURCES;LABELS;LIBS" ${ARGN})
+  if(NOT T_PROCESSORS)
+    set(T_PROCESSORS 1)
+  endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE cohort::cohort cohort_test_support GTest::gtest_main ${T_LIBS})
   if(COHORT_USE_PCH)
     target_precompile_headers(${T_NAME} REUSE_FROM cohort_test_pch)
   endif()
   gtest_discover_tests(${T_NAME}
-    PROPERTIES LABELS "${T_LABELS}" TIMEOUT 300
+    PROPERTIES LABELS "${T_LABELS}" TIMEOUT 300 PROCESSORS ${T_PROCESSORS}
     DISCOVERY_TIMEOUT 60)
 endfunction()
 

@@ -12,6 +12,7 @@
 
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/checkpoint/checkpointer.h"
+#include "cohort/checkpoint/manifest.h"
 #include "cohort/checkpoint/state_dict.h"
 #include "cohort/checkpoint/torch_format.h"
 #include "cohort/checkpoint/trainer_state.h"
@@ -332,6 +333,54 @@ TEST(Checkpointer, RankZeroWritesEveryRankLoads) {
     EXPECT_TRUE(same_parameters(*fresh, *reference));
   });
   EXPECT_NE(joined(w.seen).find("saved by 2 ranks and is loaded by 1"), std::string::npos) << joined(w.seen);
+}
+
+// A checkpoint saved on a GPU holds two generator states per rank (the CPU's, then
+// the CUDA device's). Resumed on a machine without a GPU, its weights, optimizer and
+// progress load, the generators keep their fresh state, and a warning says why.
+// The GPU's checkpoint is made here by giving a CPU checkpoint's ranks a second,
+// CUDA-sized (seed and offset) state, under a manifest that matches the new bytes.
+TEST(Checkpointer, SavedOnAGpuResumesOnTheCpuWithFreshGenerators) {
+  TempDir temp("cohort-ckpt");
+  const auto& dir = temp.path;
+  auto reference = make_model();
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    torch::optim::SGD opt(reference->parameters(), 0.1);
+    train_steps(reference, opt, 2);
+    Checkpointer(dir, world.group()).save(*reference, opt, {5, 1, 2, some_sampler_state()}, torch::kCPU);
+  });
+  const std::string step = dir + "/step-000000005";
+  const std::vector<std::string> names = {"model.pt", "optimizer.pt", "trainer.pt"};
+  std::vector<std::string> contents;
+  for (const auto& n : names) contents.push_back(read_whole_file(step + "/" + n));
+  auto state = decode_trainer_state(contents[2], "trainer.pt");
+  ASSERT_EQ(state.rng.size(), 1u);
+  ASSERT_EQ(state.rng[0].size(), 1u) << "a CPU checkpoint holds the CPU generator only";
+  state.rng[0].push_back(torch::arange(16, torch::kUInt8));
+  contents[2] = encode_trainer_state(state.progress, state.rng);
+  write_file_atomically(step + "/trainer.pt", contents[2]);
+  write_file_atomically(step + "/MANIFEST.json", manifest_json(5, names, contents));
+
+  Warnings w;
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    auto fresh = make_model();
+    torch::optim::SGD fresh_opt(fresh->parameters(), 0.1);
+    torch::manual_seed(123);
+    const auto fresh_draws = torch::rand({4});
+    torch::manual_seed(123);
+    auto restored = Checkpointer(dir, world.group(), w.options()).load_latest(*fresh, fresh_opt, torch::kCPU);
+    ASSERT_TRUE(restored.has_value());
+    EXPECT_EQ(restored->progress.step, 5);
+    EXPECT_EQ(restored->progress.epoch_step, 2);
+    EXPECT_FALSE(restored->rng_restored);
+    EXPECT_TRUE(same_parameters(*fresh, *reference));
+    // The saved CPU state was not applied either: the generator goes on from its fresh state.
+    EXPECT_TRUE(torch::equal(torch::rand({4}), fresh_draws));
+  });
+  EXPECT_NE(joined(w.seen).find("was saved on another kind of device (2 generator states per rank, 1 here): the "
+                                "random generators keep their fresh state"),
+            std::string::npos)
+      << joined(w.seen);
 }
 
 TEST(Checkpointer, BadOptionsAndUnwritableDirectory) {
