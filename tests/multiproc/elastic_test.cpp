@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -470,6 +472,52 @@ TEST(ElasticLauncher, StandaloneRunsOnLoopbackWithAFreshToken) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(contains(r.err, "hosts the rendezvous store on 127.0.0.1:")) << r.err;
   EXPECT_TRUE(contains(r.err, "round 0: node 0 of 1, ranks 0..1 of 2")) << r.err;
+}
+
+// Note [Pending handshakes under a flood]: while a stranger keeps opening silent
+// connections to the store's port (about a thousand a second, 300 held at a time,
+// more than the server's table of pending handshakes), the agent and its workers,
+// holding the token, still join and the job completes. The refusals the flood causes
+// are named for the first few and then summarised (Note [Refusals in summary]).
+TEST(ElasticLauncher, AFloodOfSilentConnectionsDoesNotKeepTheJobOut) {
+  Job job;
+  std::atomic<bool> stop{false};
+  std::atomic<long> opened{0};
+  std::thread flooder([&] {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(job.port));
+    std::deque<int> held;
+    while (!stop) {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd >= 0 && (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 || errno == EINPROGRESS)) {
+        held.push_back(fd);
+        ++opened;
+      } else if (fd >= 0) {
+        ::close(fd);  // nothing listens yet
+      }
+      if (held.size() > 300) {
+        ::close(held.front());
+        held.pop_front();
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    for (int fd : held) ::close(fd);
+  });
+  auto r = cohort::testing::run_process(agent(job, "1", 2, {}, {"collectives"}, COHORT_TEST_WORKER_PATH), 120s, kEnv);
+  stop = true;
+  flooder.join();
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.out, "collectives ok")) << r.out;
+  EXPECT_GT(opened.load(), 1000);
+  std::size_t named = 0;
+  for (auto at = r.err.find("refused a connection to the rendezvous store"); at != std::string::npos;
+       at = r.err.find("refused a connection to the rendezvous store", at + 1))
+    ++named;
+  EXPECT_LE(named, 5u) << r.err;
+  EXPECT_TRUE(contains(r.err, "more connections to the rendezvous store in the last")) << r.err;
+  expect_no_orphans(job);
 }
 
 // Note [Exit barrier]: a node whose workers finish first waits for the others (its
