@@ -166,6 +166,16 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
         s.client = c10::make_intrusive<store::StoreClient>(s.host, s.port, token, std::chrono::milliseconds(kProbeTimeout));
       } catch (const ConfigError& e) {
         throw refused(options, e);
+      } catch (const TimeoutError& e) {
+        // Say what happened: nothing proved it is someone else's, it just did not
+        // answer in time ("not this job's store" is for a failed proof, below).
+        throw UsageError(fmt::format("--rdzv-endpoint {}: this agent could not host the store ({}), and what holds "
+                                     "port {} finished no handshake within {:.0f} s ({}): a program that accepts "
+                                     "connections but does not answer, or a store too busy to.\n  fix: find what "
+                                     "holds the port (`ss -ltnp`), or pick a free port for --rdzv-endpoint, on every "
+                                     "node",
+                                     options.rdzv_endpoint, host_error.what(), s.port,
+                                     std::chrono::duration<double>(kProbeTimeout).count(), e.what()));
       } catch (const std::exception& e) {
         throw UsageError(fmt::format("--rdzv-endpoint {}: this agent could not host the store ({}), and what holds "
                                      "port {} is not this job's store ({}).\n  fix: pick a free port for "
