@@ -477,7 +477,8 @@ TEST(ElasticLauncher, StandaloneRunsOnLoopbackWithAFreshToken) {
 // Note [Pending handshakes under a flood]: while a stranger keeps opening silent
 // connections to the store's port (about a thousand a second, 300 held at a time,
 // more than the server's table of pending handshakes), the agent and its workers,
-// holding the token, still join and the job completes. The refusals the flood causes
+// holding the token, still join and the job completes. The workers start 2 s late,
+// so that they connect into a table the flood has filled. The refusals the flood causes
 // are named for the first few and then summarised (Note [Refusals in summary]).
 TEST(ElasticLauncher, AFloodOfSilentConnectionsDoesNotKeepTheJobOut) {
   Job job;
@@ -505,7 +506,8 @@ TEST(ElasticLauncher, AFloodOfSilentConnectionsDoesNotKeepTheJobOut) {
     }
     for (int fd : held) ::close(fd);
   });
-  auto r = cohort::testing::run_process(agent(job, "1", 2, {}, {"collectives"}, COHORT_TEST_WORKER_PATH), 120s, kEnv);
+  const std::string late_worker = std::string("sleep 2; exec ") + COHORT_TEST_WORKER_PATH + " collectives";
+  auto r = cohort::testing::run_process(agent(job, "1", 2, {}, {"-c", late_worker}, "/bin/sh"), 120s, kEnv);
   stop = true;
   flooder.join();
   EXPECT_EQ(r.exit_code, 0) << describe(r);
