@@ -8,7 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <deque>
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 #include <memory>
 #include <regex>
@@ -470,6 +474,72 @@ TEST(ElasticLauncher, StandaloneRunsOnLoopbackWithAFreshToken) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(contains(r.err, "hosts the rendezvous store on 127.0.0.1:")) << r.err;
   EXPECT_TRUE(contains(r.err, "round 0: node 0 of 1, ranks 0..1 of 2")) << r.err;
+}
+
+// Note [Pending handshakes under a flood]: while a stranger holds 150 silent
+// connections to the store's port (more than the server keeps pending from one
+// address), opening a new one as soon as the server drops one, the agent and its
+// workers, holding the token, still join and the job completes. The workers start
+// 2 s late, so that they connect into a table the flood has filled. The refusals the
+// flood causes are named for the first few and then summarised (Note [Refusals in
+// summary]).
+TEST(ElasticLauncher, AFloodOfSilentConnectionsDoesNotKeepTheJobOut) {
+  Job job;
+  std::atomic<bool> stop{false};
+  std::atomic<long> opened{0};
+  std::atomic<std::size_t> most_held{0};
+  std::thread flooder([&] {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(job.port));
+    std::vector<int> held;
+    while (!stop) {
+      // Let go of what the server closed: read what it sent until the end or nothing more.
+      for (auto it = held.begin(); it != held.end();) {
+        char buf[256];
+        ssize_t n;
+        while ((n = ::recv(*it, buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+        }
+        const bool gone = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOTCONN);
+        if (gone) {
+          ::close(*it);
+          it = held.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      while (held.size() < 150) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) break;
+        if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno != EINPROGRESS) {
+          ::close(fd);  // nothing listens yet
+          break;
+        }
+        held.push_back(fd);
+        ++opened;
+      }
+      most_held = std::max(most_held.load(), held.size());
+      std::this_thread::sleep_for(2ms);
+    }
+    for (int fd : held) ::close(fd);
+  });
+  const std::string late_worker = std::string("sleep 2; exec ") + COHORT_TEST_WORKER_PATH + " collectives";
+  auto r = cohort::testing::run_process(agent(job, "1", 2, {}, {"-c", late_worker}, "/bin/sh"), 120s, kEnv);
+  stop = true;
+  flooder.join();
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.out, "collectives ok")) << r.out;
+  EXPECT_EQ(most_held.load(), 150u);
+  EXPECT_GT(opened.load(), 150);
+  std::size_t named = 0;
+  for (auto at = r.err.find("refused a connection to the rendezvous store"); at != std::string::npos;
+       at = r.err.find("refused a connection to the rendezvous store", at + 1))
+    ++named;
+  EXPECT_LE(named, 5u) << r.err;
+  EXPECT_TRUE(contains(r.err, "more connections to the rendezvous store in the last")) << r.err;
+  std::cout << "flood: " << opened.load() << " connections opened, the job took " << r.seconds << " s" << std::endl;
+  expect_no_orphans(job);
 }
 
 // Note [Exit barrier]: a node whose workers finish first waits for the others (its

@@ -385,6 +385,32 @@ TEST(Launcher, CarriageReturnsNeitherRepeatNorLoseOutput) {
   EXPECT_EQ(text.str(), "crlf line\n100%\n");
 }
 
+// Note [Never stalled by the console]: nobody reads the launcher's stdout and stderr
+// for 30 s while each worker prints 256 KiB, four pipes' worth. The workers still get
+// all of it out (each then leaves a file), the launcher lives on, and once reading
+// resumes the job ends well and every line arrives: 512 KiB fits the relay's buffer.
+TEST(Launcher, AConsoleThatStopsReadingFor30SecondsStallsNothing) {
+  TempDir dir("cohort-paused");
+  const auto start = std::chrono::steady_clock::now();
+  Subprocess launcher(cohort_run(2, {"flood_then_wait"}), {{"COHORT_TEST_MARKER_DIR", dir.path}});
+  auto flooded = [&] {
+    return std::filesystem::exists(dir.path + "/flooded.0") && std::filesystem::exists(dir.path + "/flooded.1");
+  };
+  while (!flooded() && std::chrono::steady_clock::now() - start < 30s) std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(flooded()) << "the workers were held up: the launcher blocked on a console nobody read";
+  std::this_thread::sleep_until(start + 30s);
+  EXPECT_FALSE(cohort::testing::process_gone(launcher.pid())) << "the launcher ended while nobody read its console";
+  std::ofstream(dir.path + "/go") << "go\n";
+  auto r = launcher.finish(90s);
+  EXPECT_EQ(r.exit_code, 0) << "exit " << r.exit_code << " signal " << r.signal << "\n" << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto prefix = "[rank" + std::to_string(rank) + "]: ";
+    EXPECT_EQ(count(r.out, prefix + "flood "), 4000) << r.err;
+    EXPECT_NE(r.out.find(prefix + "done\n"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(r.out.find("of output dropped"), std::string::npos);
+}
+
 // A log folder on a full disk: a 16 KiB tmpfs in a mount namespace of the launcher's
 // own (root only), so that nothing outside the test sees it.
 TEST(Launcher, AFullLogDiskIsReportedOnce) {

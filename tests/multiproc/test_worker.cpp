@@ -10,6 +10,8 @@
 //   env               prints the launcher's environment contract
 //   chatter           every rank prints 200 numbered lines as fast as it can
 //   flood             every rank prints 4000 lines of 64 characters
+//   flood_then_wait   floods as above, then creates $COHORT_TEST_MARKER_DIR/flooded.<rank>,
+//                     waits (at most 120 s) for the file "go" there, prints "done" and exits
 //   progress          prints a CRLF line, then a progress line ended by '\r' only
 //   fds               prints the descriptors it inherited: "fds: 0 1 2"
 //   late_store [S]    node 0's workers set a key in the job's store and exit; node 1's
@@ -26,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <thread>
 #include <sstream>
@@ -190,10 +193,19 @@ int run(int argc, char** argv) {
     for (int i = 0; i < 200; ++i) std::cout << "line " << i << " from rank " << info.rank << " end" << std::endl;
     return 0;
   }
-  if (scenario == "flood") {
+  if (scenario == "flood" || scenario == "flood_then_wait") {
     const std::string filler(40, 'x');
     for (int i = 0; i < 4000; ++i) std::cout << "flood " << i << " rank " << info.rank << " " << filler << "\n";
     std::cout << std::flush;
+    if (scenario == "flood") return 0;
+    const std::string dir = env.at("COHORT_TEST_MARKER_DIR");
+    std::ofstream(dir + "/flooded." + std::to_string(info.rank)) << "flooded\n";
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (::access((dir + "/go").c_str(), F_OK) != 0) {
+      expect(std::chrono::steady_clock::now() < until, "the test's go file within 120 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::cout << "done" << std::endl;
     return 0;
   }
   if (scenario == "progress") {

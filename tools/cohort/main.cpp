@@ -1,5 +1,6 @@
 // The `cohort` command: `cohort run` (the launcher), `cohort info` and `cohort trace`.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <iostream>
 #include <string>
@@ -8,6 +9,7 @@
 #include "cohort/comm/environment.h"
 #include "cohort/launcher/agent.h"
 #include "cohort/launcher/cli.h"
+#include "cohort/launcher/console_relay.h"
 #include "info_command.h"
 #include "trace_command.h"
 
@@ -31,7 +33,14 @@ int run_command(const std::vector<std::string>& args) {
   const auto env = cohort::comm::process_environment();
   auto options = cohort::launcher::parse_run_command(args, std::cout, env);
   if (!options) return 0;  // --help
-  return cohort::launcher::run_agent(*options, env, cohort::launcher::detect_resources());
+  // Note [Never stalled by the console]: from here on, a console that stops reading
+  // costs lines, never the job. Asked first: the relay's pipes are no terminals.
+  options->stdout_is_tty = ::isatty(STDOUT_FILENO) == 1;
+  options->stderr_is_tty = ::isatty(STDERR_FILENO) == 1;
+  cohort::launcher::ConsoleRelay relay({STDOUT_FILENO, STDERR_FILENO});
+  const int code = cohort::launcher::run_agent(*options, env, cohort::launcher::detect_resources());
+  relay.finish();
+  return code;
 }
 
 }  // namespace

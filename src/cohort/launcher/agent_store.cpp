@@ -10,6 +10,7 @@
 #include <cstring>
 #include <set>
 
+#include "cohort/launcher/refusal_report.h"
 #include "cohort/store/store_client.h"
 
 namespace cohort::launcher {
@@ -150,9 +151,12 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
       const auto bind = options.standalone ? std::string("127.0.0.1") : bind_address_for(endpoint.host);
       connect_to = s.host = bind;
       s.server = std::make_unique<store::StoreServer>(
-          store::StoreServerOptions(token).bind_address(bind).port(endpoint.port).on_refused([](const std::string& why) {
-            fmt::print(stderr, "cohort run: refused a connection to the rendezvous store: {}\n", why);
-          }));
+          store::StoreServerOptions(token).bind_address(bind).port(endpoint.port).on_refused(
+              // Note [Refusals in summary]; owned by the callback, so it outlives the
+              // store's thread and prints its last summary when the store closes.
+              [report = std::make_shared<RefusalReport>([](const std::string& line) {
+                 fmt::print(stderr, "{}\n", line);
+               })](const std::string& why) { report->refused(why); }));
       s.port = s.server->port();
     } catch (const UsageError&) {
       throw;
@@ -162,6 +166,16 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
         s.client = c10::make_intrusive<store::StoreClient>(s.host, s.port, token, std::chrono::milliseconds(kProbeTimeout));
       } catch (const ConfigError& e) {
         throw refused(options, e);
+      } catch (const TimeoutError& e) {
+        // Say what happened: nothing proved it is someone else's, it just did not
+        // answer in time ("not this job's store" is for a failed proof, below).
+        throw UsageError(fmt::format("--rdzv-endpoint {}: this agent could not host the store ({}), and what holds "
+                                     "port {} finished no handshake within {:.0f} s ({}): a program that accepts "
+                                     "connections but does not answer, or a store too busy to.\n  fix: find what "
+                                     "holds the port (`ss -ltnp`), or pick a free port for --rdzv-endpoint, on every "
+                                     "node",
+                                     options.rdzv_endpoint, host_error.what(), s.port,
+                                     std::chrono::duration<double>(kProbeTimeout).count(), e.what()));
       } catch (const std::exception& e) {
         throw UsageError(fmt::format("--rdzv-endpoint {}: this agent could not host the store ({}), and what holds "
                                      "port {} is not this job's store ({}).\n  fix: pick a free port for "

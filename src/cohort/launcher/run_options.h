@@ -63,6 +63,11 @@ struct RunOptions {
   long timeline_max_events = 0;  // 0: the library's default
   std::string program;
   std::vector<std::string> program_args;
+  // Whether the launcher's stdout and stderr are terminals. `cohort run` fills them
+  // in before its ConsoleRelay puts pipes in their place (Note [Never stalled by the
+  // console]); unset, isatty() answers.
+  std::optional<bool> stdout_is_tty;
+  std::optional<bool> stderr_is_tty;
 };
 
 bool is_elastic(const RunOptions& options);

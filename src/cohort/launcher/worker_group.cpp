@@ -97,7 +97,10 @@ bool WorkerGroup::shown_on_console(bool redirected, const WorkerSlot& slot) cons
   return !redirected && (!options_.local_ranks_filter || options_.local_ranks_filter->count(slot.local_rank));
 }
 
-bool WorkerGroup::console_is_tty(int console) { return ::isatty(console) == 1; }
+bool WorkerGroup::console_is_tty(int console) const {
+  const auto& known = console == STDOUT_FILENO ? options_.stdout_is_tty : options_.stderr_is_tty;
+  return known ? *known : ::isatty(console) == 1;
+}
 
 void WorkerGroup::route(int source, int console, bool redirected, bool teed, const fs::path& log,
                         const WorkerSlot& slot) {

@@ -67,7 +67,7 @@ class WorkerGroup {
   void spawn_all(const comm::EnvMap& env, const std::string& program, const Assignment& assignment, int nproc,
                  const AttemptContext& context, const std::filesystem::path& dir);
   bool shown_on_console(bool redirected, const WorkerSlot& slot) const;
-  static bool console_is_tty(int console);
+  bool console_is_tty(int console) const;
   void route(int source, int console, bool redirected, bool teed, const std::filesystem::path& log,
              const WorkerSlot& slot);
   int running() const;

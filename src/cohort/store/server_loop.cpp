@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -38,7 +39,7 @@ void ServerLoop::run() {
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) on_readable(c);
         if (!c.dead && (fds[i].revents & POLLOUT)) flush(c);
       }
-      if (fds[1].revents & POLLIN) accept_all();
+      if (fds[1].revents & POLLIN) accept_some();
       expire(Clock::now());
       settle();
       connections_.erase(std::remove_if(connections_.begin(), connections_.end(), [](auto& c) { return c->dead; }),
@@ -62,8 +63,8 @@ int ServerLoop::poll_timeout_ms() const {
   return next == Clock::time_point::max() ? -1 : net::poll_timeout(next);
 }
 
-void ServerLoop::accept_all() {
-  for (;;) {
+void ServerLoop::accept_some() {
+  for (int round = 0; round < kAcceptsPerRound; ++round) {
     sockaddr_in address{};
     socklen_t size = sizeof address;
     net::Fd fd(::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&address), &size,
@@ -77,23 +78,51 @@ void ServerLoop::accept_all() {
       return;
     }
     auto peer = net::address_name(address);
-    auto pending = std::count_if(connections_.begin(), connections_.end(),
-                                 [](auto& c) { return !c->authenticated && !c->dead; });
-    if (static_cast<std::size_t>(pending) >= kMaxPendingHandshakes) {
-      count_refusal(fmt::format("cohort store: refused {}: {} other peers are mid-handshake already", peer,
-                                kMaxPendingHandshakes));
-      continue;
-    }
+    auto source = peer.substr(0, peer.rfind(':'));
+    make_room_for(source);
     net::set_nodelay(fd.get());
     auto c = std::make_unique<Connection>();
     c->fd = std::move(fd);
     c->peer = peer;
-    c->handshake_deadline = Clock::now() + options_.handshake_timeout();
+    c->source = source;
+    c->accepted_at = Clock::now();
+    c->handshake_deadline = c->accepted_at + options_.handshake_timeout();
     c->server_nonce = handshake::random_nonce();
     c->out = handshake::server_hello(c->server_nonce);
     flush(*c);
     connections_.push_back(std::move(c));
   }
+}
+
+// Note [Pending handshakes under a flood].
+void ServerLoop::make_room_for(const std::string& source) {
+  std::map<std::string, std::size_t> per_source;
+  std::size_t pending = 0;
+  for (const auto& c : connections_) {
+    if (c->authenticated || c->dead) continue;
+    ++per_source[c->source];
+    ++pending;
+  }
+  std::string victim_source;
+  if (per_source[source] >= kMaxPendingPerSource) {
+    victim_source = source;
+  } else if (pending >= kMaxPendingHandshakes) {
+    victim_source = std::max_element(per_source.begin(), per_source.end(), [](auto& a, auto& b) {
+                      return a.second < b.second;
+                    })->first;
+  } else {
+    return;
+  }
+  Connection* oldest = nullptr;
+  for (auto& c : connections_) {
+    if (c->authenticated || c->dead || c->source != victim_source) continue;
+    if (!oldest || c->accepted_at < oldest->accepted_at) oldest = c.get();
+  }
+  if (oldest)
+    refuse(*oldest,
+           fmt::format("evicted to make room: {} peers were mid-handshake ({} from {}); the newest are kept", pending,
+                       per_source[victim_source], victim_source),
+           -1);
 }
 
 void ServerLoop::count_refusal(const std::string& reason) {

@@ -17,13 +17,27 @@
 
 namespace cohort::store {
 
-// Peers that have connected but not yet proved the token; more are refused at once.
-inline constexpr std::size_t kMaxPendingHandshakes = 64;
+// Note [Pending handshakes under a flood]: a peer that connects and says nothing
+// costs the server a slot until its handshake deadline (1 s by default). Anyone who
+// reaches the port can open such peers faster than they expire, so a full table must
+// never turn the newcomer away: it would be the job's own agent or worker as often as
+// not. Instead the newcomer is always taken, and room is made by evicting the
+// oldest pending peer of the source address holding the most pending slots (of its
+// own source first, once that source holds kMaxPendingPerSource). A peer that holds
+// the token answers within a round trip, long before 64 newer peers can push it out,
+// because the loop accepts at most kAcceptsPerRound peers between two reads of the
+// pending ones. An evicted peer that holds the token reconnects (StoreClient retries
+// a dropped handshake within its timeout).
+inline constexpr std::size_t kMaxPendingHandshakes = 256;
+inline constexpr std::size_t kMaxPendingPerSource = 64;
+inline constexpr int kAcceptsPerRound = 16;
 
 // One peer, from accept() to close.
 struct Connection {
   net::Fd fd;
-  std::string peer;
+  std::string peer;    // address:port
+  std::string source;  // the address alone
+  net::Clock::time_point accepted_at;
   bool authenticated = false;
   bool dead = false;
   net::Clock::time_point handshake_deadline;
@@ -50,7 +64,8 @@ class ServerLoop {
   std::int64_t refused() const { return refused_.load(); }
 
  private:
-  void accept_all();
+  void accept_some();
+  void make_room_for(const std::string& source);
   void on_readable(Connection& c);
   void read_hello(Connection& c);
   void process_frames(Connection& c);

@@ -26,8 +26,9 @@ struct StoreServerOptions {
   TORCH_ARG(std::string, bind_address) = "127.0.0.1";
   // 0 picks a free port; StoreServer::port() tells which.
   TORCH_ARG(int, port) = 0;
-  // A peer that has not proved the token by then is disconnected.
-  TORCH_ARG(std::chrono::milliseconds, handshake_timeout) = std::chrono::seconds(5);
+  // A peer that has not proved the token by then is disconnected (a peer holding
+  // the token needs a round trip; Note [Pending handshakes under a flood]).
+  TORCH_ARG(std::chrono::milliseconds, handshake_timeout) = std::chrono::seconds(1);
   // Called from the server's thread once per refused peer, with a one-line reason
   // that names the peer's address. It must not block for long: the store waits.
   TORCH_ARG(std::function<void(const std::string&)>, on_refused) = nullptr;

@@ -20,7 +20,8 @@
 // (StoreServerOptions::on_refused). Before step 2 verifies, the server reads no
 // more than a client hello's bytes from a peer, drops a peer whose first bytes are
 // not the magic, drops one that has not finished within the handshake timeout, and
-// keeps at most kMaxPendingHandshakes such peers at a time.
+// keeps at most kMaxPendingHandshakes such peers at a time, evicting the oldest to
+// take a newcomer (Note [Pending handshakes under a flood] in server_loop.h).
 //
 // Every later byte travels in frames sealed with AES-256-GCM (frame_cipher.h),
 // keyed per direction with HMAC(token, "c2s" || ns || nc) and HMAC(token, "s2c" ||

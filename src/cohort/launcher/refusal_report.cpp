@@ -1,0 +1,46 @@
+#include "cohort/launcher/refusal_report.h"
+
+#include <fmt/format.h>
+
+namespace cohort::launcher {
+
+RefusalReport::RefusalReport(Print print, int print_first, std::chrono::milliseconds every)
+    : print_(std::move(print)), print_first_(print_first), every_(every) {}
+
+RefusalReport::~RefusalReport() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (unreported_ > 0) summarise(Clock::now());
+}
+
+void RefusalReport::refused(const std::string& reason, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++total_;
+  if (total_ <= print_first_) {
+    print_("cohort run: refused a connection to the rendezvous store: " + reason);
+    if (total_ == print_first_)
+      print_(fmt::format("cohort run: further refusals are counted and summarised at most every {:.0f} s",
+                         std::chrono::duration<double>(every_).count()));
+    since_ = now;
+    return;
+  }
+  if (unreported_ == 0) since_ = now;
+  ++unreported_;
+  latest_ = reason;
+  if (now - since_ >= every_) summarise(now);
+}
+
+void RefusalReport::summarise(Clock::time_point now) {
+  print_(fmt::format("cohort run: refused {} more connection{} to the rendezvous store in the last {:.0f} s ({} in all); the "
+                     "latest: {}",
+                     unreported_, unreported_ == 1 ? "" : "s",
+                     std::chrono::duration<double>(now - since_).count(), total_, latest_));
+  unreported_ = 0;
+  since_ = now;
+}
+
+std::int64_t RefusalReport::total() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return total_;
+}
+
+}  // namespace cohort::launcher
