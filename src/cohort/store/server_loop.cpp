@@ -18,7 +18,10 @@ namespace cohort::store {
 using net::Clock;
 
 ServerLoop::ServerLoop(StoreServerOptions options, net::Fd listener, net::Fd wake)
-    : options_(std::move(options)), listener_(std::move(listener)), wake_(std::move(wake)) {}
+    : options_(std::move(options)),
+      listener_(std::move(listener)),
+      wake_(std::move(wake)),
+      table_(TableOptions().max_value_bytes(options_.max_value_bytes()).max_table_bytes(options_.max_table_bytes())) {}
 
 ServerLoop::~ServerLoop() = default;
 

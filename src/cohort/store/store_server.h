@@ -32,6 +32,11 @@ struct StoreServerOptions {
   // Called from the server's thread once per refused peer, with a one-line reason
   // that names the peer's address. It must not block for long: the store waits.
   TORCH_ARG(std::function<void(const std::string&)>, on_refused) = nullptr;
+  // Caps on what peers holding the token can make the server hold: one value
+  // (64 MiB), and every key and value together (1 GiB). A write over either is
+  // refused with an error that names it (Note [Store memory caps] in store/table.h).
+  TORCH_ARG(std::size_t, max_value_bytes) = std::size_t{64} << 20;
+  TORCH_ARG(std::size_t, max_table_bytes) = std::size_t{1} << 30;
 };
 
 class ServerLoop;

@@ -62,7 +62,8 @@ enum class Op : std::uint8_t {
 enum class Status : std::uint8_t {
   kOk = 0,
   kTimeout = 1,  // keys: those still missing
-  kError = 2,    // values[0]: the message, e.g. ADD on a value that is not a number
+  kError = 2,    // values[0]: the message, e.g. ADD on a value that is not a number,
+                 // or a write over a cap (Note [Store memory caps] in store/table.h)
 };
 
 struct Request {
