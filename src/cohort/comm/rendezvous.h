@@ -21,8 +21,9 @@ namespace cohort::comm {
 c10::intrusive_ptr<c10d::Store> make_world_store(const WorldInfo& info, const InitOptions& options);
 
 // A second client connection to the same store, for the arrival board (Note
-// [Arrival board]); its operations are bounded by `timeout`. For an in-memory world
-// it is the same store.
+// [Arrival board]); it connects within `timeout`, which also bounds its operations
+// (World::init passes join_timeout, as for the first connection). For an in-memory
+// world it is the same store.
 c10::intrusive_ptr<c10d::Store> connect_again(const WorldInfo& info, const c10::intrusive_ptr<c10d::Store>& store,
                                               std::chrono::milliseconds timeout);
 

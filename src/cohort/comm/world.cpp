@@ -32,8 +32,6 @@ struct World::State {
 
 namespace {
 
-constexpr auto kBoardTimeout = std::chrono::seconds(10);
-
 // `store` and `board_store` are the group's two connections, under the same prefix.
 std::shared_ptr<GroupState> make_group(const World& world, const std::string& name, std::vector<int> ranks,
                                        int group_rank, const c10::intrusive_ptr<c10d::Store>& store,
@@ -107,7 +105,9 @@ World World::init(InitOptions options) { return init(world_info_from(process_env
 World World::init(const WorldInfo& info, InitOptions options) {
   options.validate();
   auto store = make_world_store(info, options);
-  auto board_store = connect_again(info, store, kBoardTimeout);
+  // The board's connection is bounded like the first one: a store host busy with
+  // many workers connecting may take longer than a fixed few seconds to answer.
+  auto board_store = connect_again(info, store, options.join_timeout());
   return build(info, std::move(store), std::move(board_store), std::move(options));
 }
 
