@@ -6,8 +6,8 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(ZLIB REQUIRED)
-# libcrypto: the store's handshake (HMAC-SHA256) and frames (AES-256-GCM).
-find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# libssl and libcrypto: the store's TLS 1.3 with a key derived from the token.
+find_package(OpenSSL REQUIRED COMPONENTS SSL Crypto)
 find_package(CLI11 QUIET CONFIG)
 if(NOT CLI11_FOUND)
   find_path(COHORT_CLI11_INCLUDE CLI/CLI.hpp REQUIRED)

@@ -32,6 +32,8 @@ struct World::State {
 
 namespace {
 
+constexpr auto kBoardRequestTimeout = std::chrono::seconds(10);
+
 // `store` and `board_store` are the group's two connections, under the same prefix.
 std::shared_ptr<GroupState> make_group(const World& world, const std::string& name, std::vector<int> ranks,
                                        int group_rank, const c10::intrusive_ptr<c10d::Store>& store,
@@ -108,6 +110,9 @@ World World::init(const WorldInfo& info, InitOptions options) {
   // The board's connection is bounded like the first one: a store host busy with
   // many workers connecting may take longer than a fixed few seconds to answer.
   auto board_store = connect_again(info, store, options.join_timeout());
+  // Connected; each of the board's requests is bounded far tighter than joining, so
+  // a diagnosis against a frozen store host ends in seconds, not the join timeout.
+  if (board_store != store) board_store->setTimeout(kBoardRequestTimeout);
   return build(info, std::move(store), std::move(board_store), std::move(options));
 }
 

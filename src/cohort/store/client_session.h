@@ -1,20 +1,20 @@
 #pragma once
 // Opening an authenticated connection to a store server: connecting (retrying
-// while nobody listens yet) and the client's half of the handshake in Note [Store
-// protocol] (store/wire.h).
+// while nobody listens yet) and the client's half of the TLS handshake in Note
+// [Store protocol] (store/wire.h).
 #include <chrono>
 #include <memory>
 #include <string>
 
-#include "cohort/store/frame_cipher.h"
 #include "cohort/store/net.h"
+#include "cohort/store/tls.h"
 
 namespace cohort::store {
 
 struct ClientSession {
+  std::unique_ptr<tls::Context> context;
   net::Fd fd;
-  std::unique_ptr<FrameSealer> sealer;  // client to server
-  std::unique_ptr<FrameOpener> opener;  // server to client
+  std::unique_ptr<tls::Session> tls;  // over fd, under context
 };
 
 // Throws TimeoutError when no store answers at host:port within `timeout`,

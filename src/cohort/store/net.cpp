@@ -35,9 +35,6 @@ void set_nodelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-namespace {
-
-// Waits until `fd` is ready for `events`; false when the deadline passed first.
 bool wait_for(int fd, short events, Clock::time_point deadline) {
   for (;;) {
     pollfd p{fd, events, 0};
@@ -47,8 +44,6 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
     if (errno != EINTR) return true;  // let the read or write report the error
   }
 }
-
-}  // namespace
 
 // Note [Self-connect]: connecting to a port of this host on which nothing listens
 // can succeed when the port lies in the ephemeral range: the kernel may give the

@@ -56,6 +56,10 @@ Fd connect_once(const std::string& host, int port, Clock::time_point deadline, s
 // Whether the connected socket `fd` is joined to itself (Note [Self-connect]).
 bool connected_to_itself(int fd);
 
+// Waits until `fd` is ready for `events` (POLLIN, POLLOUT); false when `deadline`
+// passed first. An error counts as ready, for the next read or write to report.
+bool wait_for(int fd, short events, Clock::time_point deadline);
+
 // Sets TCP_NODELAY: the store's requests are small and each waits for its reply.
 void set_nodelay(int fd);
 

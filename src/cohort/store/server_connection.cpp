@@ -1,5 +1,5 @@
-// The store server's side of one connection: the handshake, then sealed frames in
-// and out (Note [Store protocol] in store/wire.h). Part of ServerLoop.
+// The store server's side of one connection: the TLS handshake, then frames in and
+// out (Note [Store protocol] in store/wire.h). Part of ServerLoop.
 #include <errno.h>
 #include <sys/socket.h>
 
@@ -7,89 +7,126 @@
 
 #include <fmt/format.h>
 
-#include "cohort/store/handshake.h"
 #include "cohort/store/server_loop.h"
 
 namespace cohort::store {
 
 using net::Clock;
 
-void ServerLoop::on_readable(Connection& c) {
-  if (!c.authenticated) return read_hello(c);
-  // Bounded per wake-up, so one busy peer cannot starve the others.
-  std::uint8_t chunk[64 * 1024];
-  for (int i = 0; i < 16; ++i) {
-    ssize_t got = ::recv(c.fd.get(), chunk, sizeof chunk, 0);
-    if (got > 0) {
-      c.in.insert(c.in.end(), chunk, chunk + got);
-      continue;
-    }
-    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-    c.dead = true;  // closed or failed
-    return;
-  }
-  process_frames(c);
+namespace {
+
+// Why a handshake that OpenSSL failed was refused, for the server's report.
+std::string handshake_refusal(const tls::Session& s) {
+  if (s.wrong_key()) return "it holds a different token";
+  const std::string& offered = s.offered_identity();
+  if (!offered.empty() && offered != tls::kPskIdentity)
+    return fmt::format("it speaks store protocol '{}', this server '{}' (another version of cohort)", offered,
+                       tls::kPskIdentity);
+  if (offered.empty()) return fmt::format("its TLS handshake offered no cohort key ({})", s.error());
+  return fmt::format("its TLS handshake failed: {}", s.error());
 }
 
-void ServerLoop::read_hello(Connection& c) {
-  // Never more than a client hello from a peer that has not proved anything yet.
-  const std::size_t have = c.in.size();
-  c.in.resize(handshake::kClientHelloSize);
-  ssize_t got = ::recv(c.fd.get(), c.in.data() + have, handshake::kClientHelloSize - have, 0);
-  const int err = errno;
-  c.in.resize(have + static_cast<std::size_t>(std::max<ssize_t>(got, 0)));
-  if (got == 0 || (got < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR)) {
+}  // namespace
+
+void ServerLoop::on_readable(Connection& c) {
+  if (c.lingering) return drop_input(c);
+  if (c.closing) {
+    c.dead = true;  // only a hang-up or an error wakes a closing connection
+    return;
+  }
+  if (!c.tls) return start_tls(c);
+  if (!c.authenticated) return continue_handshake(c);
+  read_frames(c);
+}
+
+void ServerLoop::start_tls(Connection& c) {
+  // Note [Store protocol]: the first byte tells a TLS peer from one that is not;
+  // the latter is closed without a byte in reply.
+  std::uint8_t first = 0;
+  ssize_t got = ::recv(c.fd.get(), &first, 1, MSG_PEEK);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (got <= 0) {
     c.dead = true;  // it left; that is no refusal
     return;
   }
-  if (!handshake::plausible_client_hello(c.in.data(), c.in.size()))
-    return refuse(c, "it does not speak cohort's store protocol (wrong magic; a TCPStore client, or a port scan?)",
-                  -1);
-  // Another version's hello may be longer: judge the version as soon as it is in.
-  if (c.in.size() > handshake::kMagicSize && c.in[handshake::kMagicSize] != handshake::kVersion)
-    return refuse(c,
-                  fmt::format("it speaks store protocol version {}, this server {}", c.in[handshake::kMagicSize],
-                              handshake::kVersion),
-                  static_cast<int>(handshake::Verdict::kWrongVersion));
-  if (c.in.size() < handshake::kClientHelloSize) return;
-  Bytes client_nonce;
-  switch (handshake::check_client_hello(options_.token(), c.server_nonce, c.in, client_nonce)) {
-    case handshake::HelloCheck::kAccepted: break;
-    case handshake::HelloCheck::kNotCohort:
-    case handshake::HelloCheck::kWrongVersion: return refuse(c, "it does not speak cohort's store protocol", -1);
-    case handshake::HelloCheck::kWrongToken:
-      return refuse(c, "it holds a different token", static_cast<int>(handshake::Verdict::kWrongToken));
+  if (first != tls::kHandshakeRecord)
+    return refuse(c, "it does not speak TLS, so not cohort's store protocol: a stock c10d TCPStore client (a worker "
+                     "that calls init_process_group with env:// itself), or a port scan; closed without a reply");
+  c.tls = std::make_unique<tls::Session>(tls_, c.fd.get());
+  continue_handshake(c);
+}
+
+void ServerLoop::continue_handshake(Connection& c) {
+  c.want_write = false;
+  switch (c.tls->step_handshake()) {
+    case tls::Step::kDone: break;
+    case tls::Step::kWantRead: return;
+    case tls::Step::kWantWrite: c.want_write = true; return;
+    case tls::Step::kClosed: c.dead = true; return;  // it left
+    case tls::Step::kFailed: return refuse(c, handshake_refusal(*c.tls));
   }
-  auto keys = handshake::session_keys(options_.token(), c.server_nonce, client_nonce);
-  c.sealer = std::make_unique<FrameSealer>(keys.server_to_client);
-  c.opener = std::make_unique<FrameOpener>(keys.client_to_server);
-  c.out.push_back(static_cast<std::uint8_t>(handshake::Verdict::kAccepted));
-  auto proof = handshake::server_proof(options_.token(), c.server_nonce, client_nonce);
-  c.out.insert(c.out.end(), proof.begin(), proof.end());
-  c.in.clear();
+  // Without a certificate the handshake cannot complete otherwise; checked all the same.
+  if (!c.tls->used_the_key()) return refuse(c, "its TLS handshake did not use the job's key");
   c.authenticated = true;
-  flush(c);
+  read_frames(c);  // a request may have come with the client's Finished
+}
+
+void ServerLoop::read_frames(Connection& c) {
+  // Bounded per wake-up, so one busy peer cannot starve the others; what OpenSSL
+  // still holds decrypted is read on the next round (ServerLoop::run).
+  std::uint8_t chunk[64 * 1024];
+  for (int i = 0; i < 16 && !c.dead && !c.closing; ++i) {
+    std::size_t got = 0;
+    c.want_write = false;
+    switch (c.tls->read_some(chunk, sizeof chunk, got)) {
+      case tls::Step::kDone: break;
+      case tls::Step::kWantRead: return;
+      case tls::Step::kWantWrite: c.want_write = true; return;
+      case tls::Step::kClosed:
+      case tls::Step::kFailed: c.dead = true; return;  // gone, or a record that fails authentication
+    }
+    // Note [Buffers per connection]: a client has one request in flight, so it
+    // never needs more than one request's bytes buffered here.
+    if (c.in.size() + got > options_.max_buffer_bytes()) {
+      return fail_connection(
+          c, c.parked ? fmt::format("cohort: this connection sent {} bytes while its {} request waited, over the "
+                                    "store's limit of {} bytes per connection (StoreServerOptions::max_buffer_bytes); "
+                                    "a client sends one request at a time and waits for its reply",
+                                    c.in.size() + got, op_name(c.parked->op), options_.max_buffer_bytes())
+                      : fmt::format("cohort: this connection sent {} bytes that make no whole request, over the "
+                                    "store's limit of {} bytes per connection (StoreServerOptions::max_buffer_bytes)",
+                                    c.in.size() + got, options_.max_buffer_bytes()));
+    }
+    c.in.insert(c.in.end(), chunk, chunk + got);
+    process_frames(c);
+  }
 }
 
 void ServerLoop::process_frames(Connection& c) {
+  const std::size_t limit = std::min(kMaxFramePayload, options_.max_buffer_bytes() - kFrameHeaderSize);
   std::size_t pos = 0;
-  while (!c.dead && !c.parked && c.in.size() - pos >= kFrameHeaderSize) {
-    auto size = FrameOpener::frame_size(c.in.data() + pos);
-    if (!size) {
-      c.dead = true;  // a length over the limit: not a frame our client would send
-      return;
+  std::string failure;
+  while (!c.dead && !c.closing && !c.parked && c.in.size() - pos >= kFrameHeaderSize) {
+    const std::size_t size = framed_size(c.in.data() + pos);
+    if (size > limit) {
+      failure = fmt::format("cohort: a store request of {} bytes is over the store's limit of {} bytes per request "
+                            "(StoreServerOptions::max_buffer_bytes); store smaller values",
+                            size, limit);
+      break;
     }
-    if (c.in.size() - pos < *size) break;
-    auto payload = c.opener->open(c.in.data() + pos, *size);
-    pos += *size;
-    auto request = payload ? decode_request(*payload) : std::nullopt;
+    if (c.in.size() - pos - kFrameHeaderSize < size) break;
+    const auto* start = c.in.data() + pos + kFrameHeaderSize;
+    auto request = decode_request(Bytes(start, start + size));
+    pos += kFrameHeaderSize + size;
     if (!request) {
-      c.dead = true;  // forged, replayed or malformed
-      return;
+      failure = "cohort: the store received a malformed request (an unknown op, or the wrong number of keys or "
+                "values for it); run the same cohort on every host of the job";
+      break;
     }
     handle(c, std::move(*request));
   }
   c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
+  if (!failure.empty()) fail_connection(c, failure);
 }
 
 void ServerLoop::handle(Connection& c, Request request) {
@@ -102,47 +139,81 @@ void ServerLoop::handle(Connection& c, Request request) {
 
 void ServerLoop::reply(Connection& c, const Reply& r) {
   auto payload = encode(r);
-  if (payload.size() > kMaxFramePayload) {
-    // Too big for one frame (a MULTI_GET of many large values): an error for this
-    // request, rather than an exception that would stop the whole server.
+  const std::size_t limit = std::min(kMaxFramePayload, options_.max_buffer_bytes() - kFrameHeaderSize);
+  if (payload.size() > limit) {
+    // Too big to send (a MULTI_GET of many large values): an error for this request,
+    // rather than an exception that would stop the whole server.
     Reply error;
     error.status = Status::kError;
-    auto message = fmt::format("cohort: a store reply of {} bytes exceeds the protocol's limit of {} bytes; fetch "
-                               "fewer keys at once",
-                               payload.size(), kMaxFramePayload);
+    auto message = fmt::format("cohort: a store reply of {} bytes is over the store's limit of {} bytes per reply "
+                               "(StoreServerOptions::max_buffer_bytes); fetch fewer keys at once",
+                               payload.size(), limit);
     error.values.emplace_back(message.begin(), message.end());
     payload = encode(error);
   }
-  auto frame = c.sealer->seal(payload);
-  c.out.insert(c.out.end(), frame.begin(), frame.end());
+  if (c.out.size() + kFrameHeaderSize + payload.size() > options_.max_buffer_bytes()) {
+    // Note [Buffers per connection]: replies pile up only when the peer stops reading.
+    count_refusal(fmt::format("cohort store: closed {}: it left {} bytes of replies unread, and the next would pass "
+                              "the store's limit of {} bytes per connection (StoreServerOptions::max_buffer_bytes)",
+                              c.peer, c.out.size(), options_.max_buffer_bytes()));
+    c.dead = true;
+    return;
+  }
+  auto bytes = frame(payload);
+  c.out.insert(c.out.end(), bytes.begin(), bytes.end());
   flush(c);
 }
 
 void ServerLoop::flush(Connection& c) {
   std::size_t sent = 0;
-  while (sent < c.out.size()) {
-    ssize_t n = ::send(c.fd.get(), c.out.data() + sent, c.out.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<std::size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;
-      break;
-    }
+  c.want_write = false;
+  while (sent < c.out.size() && !c.dead) {
+    std::size_t n = 0;
+    auto step = c.tls->write_some(c.out.data() + sent, c.out.size() - sent, n);
+    sent += n;
+    if (step == tls::Step::kDone) continue;
+    if (step == tls::Step::kWantWrite) c.want_write = true;
+    if (step == tls::Step::kClosed || step == tls::Step::kFailed) c.dead = true;
+    break;  // kWantRead: the next readable event goes on
   }
   c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(sent));
+  if (c.closing && !c.lingering && c.out.empty() && !c.dead) {
+    // Note [Closing with an error].
+    c.tls->shutdown();
+    ::shutdown(c.fd.get(), SHUT_WR);
+    c.lingering = true;
+    c.linger_until = Clock::now() + kLinger;
+  }
 }
 
-void ServerLoop::refuse(Connection& c, const std::string& reason, int verdict) {
-  // Counted and reported before the peer can learn of it, so that whoever sees the
-  // refusal sees it counted too.
-  count_refusal(fmt::format("cohort store: refused {}: {}", c.peer, reason));
-  if (verdict >= 0) {
-    // Best effort: a fresh socket's send buffer has room for one byte.
-    auto byte = static_cast<std::uint8_t>(verdict);
-    (void)::send(c.fd.get(), &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+void ServerLoop::drop_input(Connection& c) {
+  std::uint8_t sink[64 * 1024];
+  for (int i = 0; i < 16; ++i) {
+    ssize_t got = ::recv(c.fd.get(), sink, sizeof sink, 0);
+    if (got > 0) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    c.dead = true;  // the peer closed too
+    return;
   }
+}
+
+void ServerLoop::fail_connection(Connection& c, const std::string& message) {
+  // Reported like a refusal, and answered in place of the reply the client awaits
+  // (its parked request's, or the one it is sending); then closed once sent.
+  count_refusal(fmt::format("cohort store: closed {}: {}", c.peer, message));
+  c.parked.reset();
+  Bytes().swap(c.in);
+  Reply error;
+  error.status = Status::kError;
+  error.values.emplace_back(message.begin(), message.end());
+  c.closing = true;
+  auto bytes = frame(encode(error));
+  c.out.insert(c.out.end(), bytes.begin(), bytes.end());
+  flush(c);
+}
+
+void ServerLoop::refuse(Connection& c, const std::string& reason) {
+  count_refusal(fmt::format("cohort store: refused {}: {}", c.peer, reason));
   c.dead = true;
 }
 

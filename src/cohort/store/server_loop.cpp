@@ -11,7 +11,6 @@
 
 #include <fmt/format.h>
 
-#include "cohort/store/handshake.h"
 
 namespace cohort::store {
 
@@ -19,6 +18,7 @@ using net::Clock;
 
 ServerLoop::ServerLoop(StoreServerOptions options, net::Fd listener, net::Fd wake)
     : options_(std::move(options)),
+      tls_(tls::Role::kServer, options_.token()),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
       table_(TableOptions().max_value_bytes(options_.max_value_bytes()).max_table_bytes(options_.max_table_bytes())) {}
@@ -32,15 +32,26 @@ void ServerLoop::run() {
       fds.clear();
       fds.push_back({wake_.get(), POLLIN, 0});
       fds.push_back({listener_.get(), static_cast<short>(Clock::now() >= accept_paused_until_ ? POLLIN : 0), 0});
-      for (auto& c : connections_)
-        fds.push_back({c->fd.get(), static_cast<short>(POLLIN | (c->out.empty() ? 0 : POLLOUT)), 0});
+      for (auto& c : connections_) {
+        const bool sending = !c->out.empty() || c->want_write;
+        const bool reading = !c->closing || c->lingering;
+        fds.push_back({c->fd.get(), static_cast<short>((reading ? POLLIN : 0) | (sending ? POLLOUT : 0)), 0});
+      }
       if (::poll(fds.data(), fds.size(), poll_timeout_ms()) < 0 && errno != EINTR)
         throw std::runtime_error(std::string("poll(): ") + std::strerror(errno));
       if (fds[0].revents != 0) break;
       for (std::size_t i = 2; i < fds.size(); ++i) {
         auto& c = *connections_[i - 2];
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) on_readable(c);
-        if (!c.dead && (fds[i].revents & POLLOUT)) flush(c);
+        // Plaintext that OpenSSL decrypted but read_frames left for this round.
+        const bool buffered = c.authenticated && !c.closing && c.tls->has_buffered();
+        if (buffered || (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) on_readable(c);
+        if (c.dead || !(fds[i].revents & POLLOUT)) continue;
+        if (!c.authenticated) {
+          if (c.tls) continue_handshake(c);
+        } else {
+          flush(c);
+          if (!c.dead && !c.closing) read_frames(c);  // a read that waited for the socket to take a write
+        }
       }
       if (fds[1].revents & POLLIN) accept_some();
       expire(Clock::now());
@@ -60,8 +71,10 @@ int ServerLoop::poll_timeout_ms() const {
   auto next = Clock::time_point::max();
   if (Clock::now() < accept_paused_until_) next = accept_paused_until_;
   for (const auto& c : connections_) {
+    if (c->authenticated && !c->closing && c->tls->has_buffered()) return 0;
     if (!c->authenticated) next = std::min(next, c->handshake_deadline);
     if (c->parked) next = std::min(next, c->parked_deadline);
+    if (c->lingering) next = std::min(next, c->linger_until);
   }
   return next == Clock::time_point::max() ? -1 : net::poll_timeout(next);
 }
@@ -90,9 +103,6 @@ void ServerLoop::accept_some() {
     c->source = source;
     c->accepted_at = Clock::now();
     c->handshake_deadline = c->accepted_at + options_.handshake_timeout();
-    c->server_nonce = handshake::random_nonce();
-    c->out = handshake::server_hello(c->server_nonce);
-    flush(*c);
     connections_.push_back(std::move(c));
   }
 }
@@ -124,8 +134,7 @@ void ServerLoop::make_room_for(const std::string& source) {
   if (oldest)
     refuse(*oldest,
            fmt::format("evicted to make room: {} peers were mid-handshake ({} from {}); the newest are kept", pending,
-                       per_source[victim_source], victim_source),
-           -1);
+                       per_source[victim_source], victim_source));
 }
 
 void ServerLoop::count_refusal(const std::string& reason) {
@@ -141,10 +150,11 @@ void ServerLoop::count_refusal(const std::string& reason) {
 void ServerLoop::expire(Clock::time_point now) {
   for (auto& c : connections_) {
     if (c->dead) continue;
-    if (!c->authenticated && now >= c->handshake_deadline) {
+    if (c->lingering) {
+      if (now >= c->linger_until) c->dead = true;
+    } else if (!c->authenticated && now >= c->handshake_deadline) {
       refuse(*c, fmt::format("it did not finish the handshake within {:.1f} s",
-                             std::chrono::duration<double>(options_.handshake_timeout()).count()),
-             -1);
+                             std::chrono::duration<double>(options_.handshake_timeout()).count()));
     } else if (c->parked && now >= c->parked_deadline) {
       Reply r;
       r.status = Status::kTimeout;

@@ -10,10 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "cohort/store/frame_cipher.h"
 #include "cohort/store/net.h"
 #include "cohort/store/store_server.h"
 #include "cohort/store/table.h"
+#include "cohort/store/tls.h"
+#include "cohort/store/wire.h"
 
 namespace cohort::store {
 
@@ -32,20 +33,39 @@ inline constexpr std::size_t kMaxPendingHandshakes = 256;
 inline constexpr std::size_t kMaxPendingPerSource = 64;
 inline constexpr int kAcceptsPerRound = 16;
 
+// Note [Buffers per connection]: a client has one request in flight per connection
+// and reads each reply before it sends the next request. So the server never needs
+// to hold more than one request's bytes from a peer, nor more than one reply for
+// it; StoreServerOptions::max_buffer_bytes bounds both. A token holder that sends
+// while its own request is parked, or stops reading its replies, passes the bound
+// and is cut off with an error naming it, instead of growing the store's memory.
+//
+// Note [Closing with an error]: a connection that broke a limit gets one error
+// reply, in place of the reply it awaits, and is then closed. Closing a socket with
+// unread input makes the kernel send a reset, which can destroy that reply at the
+// client before it is read; so once the reply is sent the server half-closes, and
+// reads and drops the peer's input for up to kLinger (no more than that, and
+// nothing kept), until the peer closes too.
+inline constexpr auto kLinger = std::chrono::seconds(1);
+
 // One peer, from accept() to close.
 struct Connection {
   net::Fd fd;
   std::string peer;    // address:port
   std::string source;  // the address alone
   net::Clock::time_point accepted_at;
+  std::unique_ptr<tls::Session> tls;  // made once the first byte says TLS
   bool authenticated = false;
   bool dead = false;
+  // Replying with an error, then closing (Note [Closing with an error]).
+  bool closing = false;
+  bool lingering = false;  // the error is sent; input is read and dropped until then
+  net::Clock::time_point linger_until;
+  // OpenSSL needs the socket writable to go on (the handshake, or a write it began).
+  bool want_write = false;
   net::Clock::time_point handshake_deadline;
-  Bytes server_nonce;
   Bytes in;   // received, not yet consumed
   Bytes out;  // to send, when the socket takes it
-  std::unique_ptr<FrameSealer> sealer;
-  std::unique_ptr<FrameOpener> opener;
   // The GET/WAIT/MULTI_GET waiting for keys, and until when. While one is parked the
   // connection's later frames wait, so replies keep the order of requests.
   std::optional<Request> parked;
@@ -67,18 +87,23 @@ class ServerLoop {
   void accept_some();
   void make_room_for(const std::string& source);
   void on_readable(Connection& c);
-  void read_hello(Connection& c);
+  void start_tls(Connection& c);
+  void continue_handshake(Connection& c);
+  void read_frames(Connection& c);
   void process_frames(Connection& c);
+  void fail_connection(Connection& c, const std::string& message);
+  void drop_input(Connection& c);
   void handle(Connection& c, Request request);
   void reply(Connection& c, const Reply& r);
   void flush(Connection& c);
-  void refuse(Connection& c, const std::string& reason, int verdict);
+  void refuse(Connection& c, const std::string& reason);
   void count_refusal(const std::string& reason);
   void expire(net::Clock::time_point now);
   void settle();
   int poll_timeout_ms() const;
 
   StoreServerOptions options_;
+  tls::Context tls_;
   net::Fd listener_;
   net::Fd wake_;
   Table table_;

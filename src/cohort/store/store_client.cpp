@@ -1,7 +1,5 @@
 #include "cohort/store/store_client.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -59,15 +57,10 @@ StoreClient::StoreClient(std::string host, int port, std::string token, millisec
     throw ConfigError(fmt::format("cohort: store port {} is not in 1..65535", port_));
   if (timeout.count() <= 0)
     throw ConfigError("cohort: a store timeout must be > 0 (cohort bounds every wait)");
-  auto session = open_session(host_, port_, token_, timeout);
-  fd_ = session.fd.release();
-  sealer_ = std::move(session.sealer);
-  opener_ = std::move(session.opener);
+  session_ = std::make_unique<ClientSession>(open_session(host_, port_, token_, timeout));
 }
 
-StoreClient::~StoreClient() {
-  if (fd_ >= 0) ::close(fd_);
-}
+StoreClient::~StoreClient() = default;
 
 milliseconds StoreClient::timeout() const {
   std::lock_guard<std::mutex> lock(timeout_mutex_);
@@ -82,8 +75,7 @@ void StoreClient::setTimeout(const milliseconds& timeout) {
 }
 
 void StoreClient::fail(const std::string& why, bool timed_out) {
-  ::close(fd_);
-  fd_ = -1;
+  session_.reset();
   broken_ = why;
   if (timed_out) throw TimeoutError(why, "store request", {});
   throw CommError(why);
@@ -93,24 +85,26 @@ Reply StoreClient::call(const Request& r, milliseconds server_wait) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!broken_.empty()) throw CommError(broken_ + " (this client has been unusable since; make a new one)");
   const auto deadline = Clock::now() + server_wait + kReplyMargin;
-  auto frame = sealer_->seal(encode(r));
-  auto io = net::write_all(fd_, frame.data(), frame.size(), deadline);
+  auto& tls = *session_->tls;
+  auto bytes = frame(encode(r));
+  auto io = tls.write_all(bytes.data(), bytes.size(), deadline);
   if (io == net::Io::kDone) {
-    Bytes whole(kFrameHeaderSize);
-    io = net::read_exact(fd_, whole.data(), kFrameHeaderSize, deadline);
+    std::uint8_t header[kFrameHeaderSize];
+    io = tls.read_exact(header, sizeof header, deadline);
+    Bytes payload;
     if (io == net::Io::kDone) {
-      auto size = FrameOpener::frame_size(whole.data());
-      if (!size) fail(fmt::format("cohort: the store at {}:{} sent an oversized frame", host_, port_), false);
-      whole.resize(*size);
-      io = net::read_exact(fd_, whole.data() + kFrameHeaderSize, *size - kFrameHeaderSize, deadline);
+      auto size = framed_size(header);
+      if (size > kMaxFramePayload)
+        fail(fmt::format("cohort: the store at {}:{} announced a reply of {} bytes, over the protocol's limit", host_,
+                         port_, size),
+             false);
+      payload.resize(size);
+      io = tls.read_exact(payload.data(), size, deadline);
     }
     if (io == net::Io::kDone) {
-      auto payload = opener_->open(whole.data(), whole.size());
-      auto reply = payload ? decode_reply(*payload) : std::nullopt;
+      auto reply = decode_reply(payload);
       if (!reply || !well_formed(r, *reply))
-        fail(fmt::format("cohort: the store at {}:{} sent a reply that fails authentication or makes no sense",
-                         host_, port_),
-             false);
+        fail(fmt::format("cohort: the store at {}:{} sent a reply that makes no sense", host_, port_), false);
       if (reply->status == Status::kError)
         TORCH_CHECK(false, std::string(reply->values[0].begin(), reply->values[0].end()));
       return *reply;
@@ -127,7 +121,9 @@ Reply StoreClient::call(const Request& r, milliseconds server_wait) {
                      "overloaded or unreachable",
                      host_, port_, op_name(r.op), seconds(server_wait + kReplyMargin)),
          true);
-  fail(fmt::format("cohort: the connection to the store at {}:{} failed: {}", host_, port_, error), false);
+  fail(fmt::format("cohort: the connection to the store at {}:{} failed: {}", host_, port_,
+                   tls.error().empty() ? error : tls.error()),
+       false);
 }
 
 void StoreClient::throw_timeout(const char* what, const std::vector<std::string>& keys, milliseconds timeout) const {

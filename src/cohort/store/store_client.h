@@ -23,8 +23,7 @@
 
 namespace cohort::store {
 
-class FrameSealer;
-class FrameOpener;
+struct ClientSession;
 struct Request;
 struct Reply;
 
@@ -88,9 +87,7 @@ class StoreClient : public c10d::Store {
   std::string token_;  // kept for clone()
   mutable std::mutex timeout_mutex_;
   std::mutex mutex_;  // one request at a time on the connection
-  int fd_ = -1;
-  std::unique_ptr<FrameSealer> sealer_;
-  std::unique_ptr<FrameOpener> opener_;
+  std::unique_ptr<ClientSession> session_;
   std::string broken_;  // why the connection is unusable; empty while it works
 };
 

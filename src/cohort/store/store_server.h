@@ -10,6 +10,7 @@
 #include <torch/arg.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,6 +30,10 @@ struct StoreServerOptions {
   // A peer that has not proved the token by then is disconnected (a peer holding
   // the token needs a round trip; Note [Pending handshakes under a flood]).
   TORCH_ARG(std::chrono::milliseconds, handshake_timeout) = std::chrono::seconds(1);
+  // The most bytes the server buffers for one connection, in each direction: a
+  // peer that sends more while a request of its own waits, or leaves more of its
+  // replies unread, gets an error naming this limit and is disconnected.
+  TORCH_ARG(std::size_t, max_buffer_bytes) = (std::size_t{256} << 20) + 64;
   // Called from the server's thread once per refused peer, with a one-line reason
   // that names the peer's address. It must not block for long: the store waits.
   TORCH_ARG(std::function<void(const std::string&)>, on_refused) = nullptr;

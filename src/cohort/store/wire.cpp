@@ -2,6 +2,8 @@
 
 #include <cstddef>
 
+#include <c10/util/Exception.h>
+
 namespace cohort::store {
 namespace {
 
@@ -143,6 +145,20 @@ std::optional<Reply> decode_reply(const Bytes& payload) {
     return std::nullopt;
   out.status = static_cast<Status>(status);
   return out;
+}
+
+Bytes frame(const Bytes& payload) {
+  TORCH_CHECK(payload.size() <= kMaxFramePayload, "cohort: a store request or reply of ", payload.size(),
+              " bytes exceeds the protocol's limit of ", kMaxFramePayload, " bytes; store smaller values");
+  Writer w;
+  w.u32(static_cast<std::uint32_t>(payload.size()));
+  Bytes out = w.take();
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+std::size_t framed_size(const std::uint8_t* header) {
+  return (std::size_t{header[0]} << 24) | (std::size_t{header[1]} << 16) | (std::size_t{header[2]} << 8) | header[3];
 }
 
 const char* op_name(Op op) {

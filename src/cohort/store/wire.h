@@ -1,33 +1,40 @@
 #pragma once
 // The requests and replies of cohort's key-value store, and their encoding inside
-// a sealed frame.
+// a frame.
 //
 // Note [Store protocol]
 // c10d's TCPStore lets anyone who reaches the port read and write every key, and a
 // `cohort run` job's store holds what its workers trust (addresses, ranks, restart
 // counts). So cohort's store admits only peers that hold the job's token (the
 // shared secret of --rdzv-token / COHORT_RDZV_TOKEN), and the token never crosses
-// the wire. Over TCP:
+// the wire. Every connection is TLS 1.3 (OpenSSL; store/tls.h) with an external
+// pre-shared key: HMAC-SHA384 of a fixed label under the token, offered under the
+// identity "cohort-store/2", which also names the protocol's version. No
+// certificates. What that gives:
+//  - Mutual proof. The client's PSK binder proves the key to the server before the
+//    server answers; the server's Finished proves it to the client, which also
+//    checks that the key was used (a server that has no key and tries a certificate
+//    instead fails: the client trusts none). A peer with another token fails the
+//    binder: the server refuses it with decrypt_error, and each side reports "a
+//    different token". Nonces and the transcript bind both proofs to this
+//    connection, so a recorded handshake cannot be replayed.
+//  - Forward secrecy. Only the psk_dhe_ke mode is allowed (no
+//    SSL_OP_ALLOW_NO_DHE_KEX), so every connection's keys also depend on an
+//    ephemeral (EC)DHE exchange: whoever records the traffic and later learns the
+//    token still cannot decrypt it.
+//  - Privacy and integrity of every key and value (AES-256-GCM inside TLS).
+//  - The client speaks first, so a peer that does not speak TLS (a stock c10d
+//    TCPStore client, a port scan) is closed before the server sends a byte that it
+//    could misread; its first byte tells the server so.
+// A refused peer is disconnected, counted (StoreServer::refused()) and reported
+// (StoreServerOptions::on_refused). Before the handshake completes, the server
+// reads only TLS handshake records from a peer, drops one that has not finished
+// within the handshake timeout, and keeps at most kMaxPendingHandshakes such peers
+// at a time, evicting the oldest to take a newcomer (Note [Pending handshakes under
+// a flood] in server_loop.h).
 //
-//  1. server -> client  "CHKS" version ns                 ns: 32 random bytes
-//  2. client -> server  "CHKC" version nc HMAC(token, "client" || ns || nc)
-//  3. server -> client  a verdict byte; when it is "accepted", HMAC(token, "server" || ns || nc)
-//
-// Each side proves it holds the token on nonces the other chose, so a recorded
-// exchange cannot be replayed, and a client never trusts an impostor server. The
-// server compares proofs in constant time (CRYPTO_memcmp). A refused peer gets the
-// verdict, is disconnected, counted (StoreServer::refused()) and reported
-// (StoreServerOptions::on_refused). Before step 2 verifies, the server reads no
-// more than a client hello's bytes from a peer, drops a peer whose first bytes are
-// not the magic, drops one that has not finished within the handshake timeout, and
-// keeps at most kMaxPendingHandshakes such peers at a time, evicting the oldest to
-// take a newcomer (Note [Pending handshakes under a flood] in server_loop.h).
-//
-// Every later byte travels in frames sealed with AES-256-GCM (frame_cipher.h),
-// keyed per direction with HMAC(token, "c2s" || ns || nc) and HMAC(token, "s2c" ||
-// ns || nc): values stay private, and a frame altered, replayed or injected by
-// anyone without the token fails to open and closes the connection.
-//
+// Inside TLS, each message is a frame: [u32 big-endian n][n bytes of payload], n at
+// most kMaxFramePayload.
 // Inside a frame, a request is one op byte, a signed 64-bit number (the delta of
 // ADD, the timeout in milliseconds of GET/WAIT/MULTI_GET), a list of keys and a list
 // of values; a reply is a status byte, a number, a list of keys and a list of values.
@@ -36,6 +43,7 @@
 // MULTI_GET whose keys are missing are parked in the server (which never blocks on
 // one client) until the keys exist (reply OK) or their timeout passes (reply
 // TIMEOUT, naming the keys still missing).
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -86,6 +94,16 @@ Bytes encode(const Reply& reply);
 // number of keys or values for it. The server then drops the connection.
 std::optional<Request> decode_request(const Bytes& payload);
 std::optional<Reply> decode_reply(const Bytes& payload);
+
+inline constexpr std::size_t kFrameHeaderSize = 4;
+// The largest payload a frame may carry; a bigger announced length is refused before
+// any of it is buffered.
+inline constexpr std::size_t kMaxFramePayload = std::size_t{256} << 20;
+
+// The frame around `payload`; throws when it is over kMaxFramePayload.
+Bytes frame(const Bytes& payload);
+// The payload size that the kFrameHeaderSize bytes at `header` announce.
+std::size_t framed_size(const std::uint8_t* header);
 
 // "GET", "WAIT", ... for messages.
 const char* op_name(Op op);
