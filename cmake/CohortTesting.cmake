@@ -25,14 +25,14 @@ endfunction()
 # `cohort run`. The test learns both paths from compile definitions:
 #   cohort_add_worker_test(NAME ddp_multiproc_tests SOURCES multiproc/ddp_test.cpp
 #     WORKER cohort_ddp_worker WORKER_SOURCES multiproc/ddp/ddp_worker.cpp ...
-#     PATH_DEFINE COHORT_DDP_WORKER_PATH [LIBS ...])
+#     PATH_DEFINE COHORT_DDP_WORKER_PATH [LIBS ...] [PROCESSORS n])
 # defines COHORT_CLI_PATH and COHORT_DDP_WORKER_PATH, labelled `multiproc`.
 function(cohort_add_worker_test)
-  cmake_parse_arguments(W "" "NAME;WORKER;PATH_DEFINE" "SOURCES;WORKER_SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(W "" "NAME;WORKER;PATH_DEFINE;PROCESSORS" "SOURCES;WORKER_SOURCES;LIBS" ${ARGN})
   add_executable(${W_WORKER} ${W_WORKER_SOURCES})
   target_include_directories(${W_WORKER} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/multiproc)
   target_link_libraries(${W_WORKER} PRIVATE cohort::cohort)
-  cohort_add_test(NAME ${W_NAME} SOURCES ${W_SOURCES} LABELS multiproc LIBS ${W_LIBS})
+  cohort_add_test(NAME ${W_NAME} SOURCES ${W_SOURCES} LABELS multiproc LIBS ${W_LIBS} PROCESSORS ${W_PROCESSORS})
   add_dependencies(${W_NAME} cohort_cli ${W_WORKER})
   target_compile_definitions(${W_NAME} PRIVATE
     COHORT_CLI_PATH="$<TARGET_FILE:cohort_cli>"

@@ -285,6 +285,11 @@ TEST(RendezvousConf, ParsesTorchrunKeysInSeconds) {
   EXPECT_EQ(s.keep_alive_interval(), Millis(2'000));
   EXPECT_EQ(s.keep_alive_max_missed(), 4);
   EXPECT_EQ(parse_rdzv_conf("", RendezvousSettings(1, 2)).join_timeout(), Millis(600'000));
+  EXPECT_EQ(s.worker_store(), cohort::elastic::WorkerStore::kCohort);
+  EXPECT_EQ(parse_rdzv_conf("worker_store=tcpstore", RendezvousSettings(1, 2)).worker_store(),
+            cohort::elastic::WorkerStore::kTcpStore);
+  EXPECT_EQ(cohort::elastic::rdzv_conf_keys("join_timeout=1,,worker_store=cohort"),
+            (std::vector<std::string>{"join_timeout", "worker_store"}));
 }
 
 TEST(RendezvousConf, BadValuesNameTheKey) {

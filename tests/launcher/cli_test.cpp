@@ -2,7 +2,9 @@
 
 #include <sstream>
 
+#include "cohort/elastic/rendezvous_state.h"
 #include "cohort/launcher/cli.h"
+#include "cohort/launcher/run_options.h"
 
 namespace {
 using cohort::launcher::parse_run_command;
@@ -125,6 +127,28 @@ TEST(Cli, BadInputNamesTheFlag) {
   expect_usage_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:99999", "prog"}, "not a TCP port");
   expect_usage_error({"--nnodes", "1:2", "prog"}, "--rdzv-backend c10d");
   expect_usage_error({"--rdzv-endpoint", "h:5", "prog"}, "--rdzv-backend c10d");
+  // Note [The workers' store]: the static launcher takes worker_store and no other key.
+  expect_usage_error({"--rdzv-conf", "join_timeout=5", "prog"}, "--rdzv-conf join_timeout: belongs to the elastic");
+  expect_usage_error({"--rdzv-conf", "worker_store=plain", "prog"}, "worker_store is 'cohort'");
+  expect_usage_error({"--nnodes", "2", "--master-port", "5", "--rdzv-conf", "worker_store=cohort", "prog"},
+                     "share node 0's c10d TCPStore");
+  expect_usage_error(with({"--rdzv-conf", "worker_store=tcp"}), "worker_store is 'cohort'");
+}
+
+TEST(Cli, WorkerStoreDefaultsToCohortsStoreExceptForStaticNodesThatShareATcpStore) {
+  using cohort::elastic::WorkerStore;
+  auto store_of = [](std::vector<std::string> args) {
+    args.push_back("prog");
+    auto o = parse(args);
+    cohort::launcher::validate(o);
+    return cohort::launcher::worker_store_of(o);
+  };
+  EXPECT_EQ(store_of({}), WorkerStore::kCohort);
+  EXPECT_EQ(store_of({"--rdzv-conf", "worker_store=tcpstore"}), WorkerStore::kTcpStore);
+  EXPECT_EQ(store_of({"--nnodes", "2", "--master-port", "5"}), WorkerStore::kTcpStore);
+  EXPECT_EQ(store_of({"--standalone"}), WorkerStore::kCohort);
+  EXPECT_EQ(store_of({"--standalone", "--rdzv-conf", "join_timeout=5,worker_store=tcpstore"}),
+            WorkerStore::kTcpStore);
 }
 
 // Note [PET variables]: torchrun's environment form of every flag.

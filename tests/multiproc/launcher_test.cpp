@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -328,6 +331,95 @@ TEST(Launcher, WorkersInheritOnlyStandardStreams) {
   }
 }
 
+// The listening TCP sockets of process `root` and its descendants, as /proc/net
+// shows their local addresses ("0100007F:1F90", "[v6 hex]:PORT").
+std::vector<std::string> listening_addresses(pid_t root) {
+  std::map<pid_t, pid_t> parent;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    parent[std::stoi(name)] = ppid;
+  }
+  auto in_tree = [&](pid_t pid) {
+    for (int hops = 0; pid > 1 && hops < 64; ++hops, pid = parent.count(pid) ? parent[pid] : 0)
+      if (pid == root) return true;
+    return false;
+  };
+  std::set<std::string> inodes;
+  for (const auto& [pid, unused] : parent) {
+    if (!in_tree(pid)) continue;
+    std::error_code ec;
+    for (const auto& fd : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+      if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, skip, inode;
+      fields >> slot >> local >> remote >> state;
+      for (int i = 0; i < 5; ++i) fields >> skip;
+      fields >> inode;
+      if (state == "0A" && inodes.count(inode)) out.push_back(local);
+    }
+  }
+  return out;
+}
+
+// 127.0.0.0/8, ::1, or ::ffff:127.x.y.z, in /proc/net's hex (each 32-bit word in
+// host order, little-endian here).
+bool loopback(const std::string& address) {
+  const auto host = address.substr(0, address.find(':'));
+  if (host.size() == 8) return host.substr(6, 2) == "7F";
+  return host == "00000000000000000000000001000000" ||
+         (host.substr(0, 24) == "0000000000000000FFFF0000" && host.substr(30, 2) == "7F");
+}
+
+// Note [The workers' store]: a plain single-node run exposes nothing beyond this
+// host, neither the launcher's store nor the workers' Gloo sockets; the opt-in
+// TCPStore does (LibTorch's TCPStore binds every interface), which shows that the
+// check can see it.
+TEST(Launcher, ASingleNodeRunListensOnLoopbackOnly) {
+  for (const bool tcpstore : {false, true}) {
+    TempDir dir("cohort-loopback");
+    std::vector<std::string> flags;
+    if (tcpstore) flags = {"--rdzv-conf", "worker_store=tcpstore"};
+    Subprocess launcher(cohort_run(2, {"joined_then_wait"}, flags), {{"COHORT_TEST_MARKER_DIR", dir.path}});
+    const auto start = std::chrono::steady_clock::now();
+    auto joined = [&] {
+      return std::filesystem::exists(dir.path + "/joined.0") && std::filesystem::exists(dir.path + "/joined.1");
+    };
+    while (!joined() && std::chrono::steady_clock::now() - start < 60s) std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(joined()) << "the workers did not join within 60 s";
+    const auto addresses = listening_addresses(launcher.pid());
+    std::ofstream(dir.path + "/go") << "go\n";
+    auto r = launcher.finish(90s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_FALSE(addresses.empty()) << "no listening socket found: the check would prove nothing";
+    const auto beyond = std::count_if(addresses.begin(), addresses.end(), [](auto& a) { return !loopback(a); });
+    if (!tcpstore) {
+      EXPECT_EQ(beyond, 0) << ::testing::PrintToString(addresses);
+    } else {
+      EXPECT_GE(beyond, 1) << "the opt-in TCPStore should listen beyond loopback: "
+                           << ::testing::PrintToString(addresses);
+      EXPECT_NE(r.err.find("worker_store=tcpstore: the workers' c10d TCPStore"), std::string::npos) << r.err;
+    }
+  }
+}
+
 // Note [Variables the launcher owns]: a static job started inside an elastic job's
 // worker inherits that job's store variables.
 TEST(Launcher, StaticWorkersDoNotFollowAnOuterJobsStore) {
@@ -337,14 +429,27 @@ TEST(Launcher, StaticWorkersDoNotFollowAnOuterJobsStore) {
                                                  {"COHORT_CONSOLE_TTY", "1"},
                                                  {"COHORT_JOIN_TIMEOUT", "10"},
                                                  {"COHORT_TIMEOUT", "10"}};
+  // Its own store (Note [The workers' store]): a fresh token and its own prefix.
   auto env = cohort::testing::run_process(cohort_run(2, {"env"}), 60s, outer);
   ASSERT_EQ(env.exit_code, 0) << describe(env);
+  EXPECT_NE(env.out.find("[rank1]: COHORT_AGENT_STORE=cohort\n"), std::string::npos) << describe(env);
+  EXPECT_NE(env.out.find("[rank1]: COHORT_STORE_PREFIX=/cohort/static/attempt_0/worker\n"), std::string::npos)
+      << describe(env);
+  EXPECT_NE(env.out.find("[rank1]: COHORT_RDZV_TOKEN="), std::string::npos) << describe(env);
+  EXPECT_EQ(env.out.find("outer-job-token"), std::string::npos) << describe(env);
+  EXPECT_NE(env.out.find("[rank1]: COHORT_CONSOLE_TTY=<unset>"), std::string::npos) << describe(env);
+  // A plain TCPStore: none of them.
+  auto plain = cohort::testing::run_process(cohort_run(2, {"env"}, {"--rdzv-conf", "worker_store=tcpstore"}), 60s,
+                                            outer);
+  ASSERT_EQ(plain.exit_code, 0) << describe(plain);
   for (const char* name : {"COHORT_AGENT_STORE", "COHORT_STORE_PREFIX", "COHORT_RDZV_TOKEN", "COHORT_CONSOLE_TTY"})
-    EXPECT_NE(env.out.find(std::string("[rank1]: ") + name + "=<unset>"), std::string::npos) << name << "\n"
-                                                                                               << describe(env);
-  auto r = cohort::testing::run_process(cohort_run(2, {"collectives"}), 90s, outer);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_NE(r.out.find("[rank1]: collectives ok rank 1 world 2"), std::string::npos) << describe(r);
+    EXPECT_NE(plain.out.find(std::string("[rank1]: ") + name + "=<unset>"), std::string::npos) << name << "\n"
+                                                                                                 << describe(plain);
+  for (const auto& flags : {std::vector<std::string>{}, std::vector<std::string>{"--rdzv-conf", "worker_store=tcpstore"}}) {
+    auto r = cohort::testing::run_process(cohort_run(2, {"collectives"}, flags), 90s, outer);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("[rank1]: collectives ok rank 1 world 2"), std::string::npos) << describe(r);
+  }
 }
 
 TEST(Launcher, RelativeLogDirGivesAbsoluteErrorFiles) {

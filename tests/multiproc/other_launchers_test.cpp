@@ -3,6 +3,9 @@
 // knows only torchrun's contract, under `cohort run`.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "support/subprocess.h"
 
 namespace {
@@ -17,16 +20,58 @@ TEST(OtherLaunchers, MpirunFormsTheWorld) {
     EXPECT_NE(r.out.find("collectives ok rank " + std::to_string(rank) + " world 3 sum 3"), std::string::npos) << r.out;
 }
 
-TEST(OtherPrograms, StockPyTorchRunsUnderCohortRun) {
-  auto r = cohort::testing::run_process({COHORT_CLI_PATH, "run", "--nproc-per-node", "3", COHORT_PYTHON_PATH,
-                                         COHORT_TORCH_PEER_PATH},
-                                        120s);
+std::vector<std::string> cohort_run_python(const char* script, std::vector<std::string> flags) {
+  std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", "3", "--stop-timeout", "3"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {COHORT_PYTHON_PATH, script});
+  return argv;
+}
+
+const std::vector<std::string> kPlainTcpStore{"--rdzv-conf", "worker_store=tcpstore"};
+
+// Note [The workers' store]: stock c10d workers run with a plain TCPStore.
+TEST(OtherPrograms, StockPyTorchRunsUnderCohortRunWithAPlainTcpStore) {
+  auto r = cohort::testing::run_process(cohort_run_python(COHORT_TORCH_PEER_PATH, kPlainTcpStore), 120s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int rank = 0; rank < 3; ++rank)
     EXPECT_NE(r.out.find("[rank" + std::to_string(rank) + "]: torch.distributed rank " + std::to_string(rank) +
                          " of 3: 6"),
               std::string::npos)
         << r.out << r.err;
+}
+
+// Against cohort's authenticated store (the default, static and elastic), a stock
+// worker gets an error, not a crash, and the launcher says what to do.
+TEST(OtherPrograms, StockPyTorchAgainstCohortsStoreGetsAnErrorAndTheFix) {
+  for (const auto& flags : {std::vector<std::string>{}, std::vector<std::string>{"--standalone"}}) {
+    auto r = cohort::testing::run_process(cohort_run_python(COHORT_TORCH_PEER_PATH, flags), 120s);
+    const auto all = r.out + r.err;
+    EXPECT_NE(r.exit_code, 0) << all;
+    EXPECT_NE(r.err.find("TCPStore client"), std::string::npos) << all;
+    EXPECT_NE(r.err.find("Run stock c10d workers with --rdzv-conf worker_store=tcpstore"), std::string::npos) << all;
+    for (const char* crash : {"bad_alloc", "length_error", "SIGABRT", "core dumped"})
+      EXPECT_EQ(all.find(crash), std::string::npos) << crash << " in\n" << all;
+  }
+}
+
+// Stock DDP under the elastic launcher with a plain TCPStore trains exactly as under
+// the static launcher.
+TEST(OtherPrograms, StockPyTorchDdpUnderTheElasticLauncherEqualsTheStaticLauncher) {
+  auto static_run = cohort::testing::run_process(cohort_run_python(COHORT_TORCH_DDP_PEER_PATH, kPlainTcpStore), 180s);
+  ASSERT_EQ(static_run.exit_code, 0) << static_run.out << static_run.err;
+  auto elastic_flags = kPlainTcpStore;
+  elastic_flags.insert(elastic_flags.begin(), "--standalone");
+  auto elastic_run = cohort::testing::run_process(cohort_run_python(COHORT_TORCH_DDP_PEER_PATH, elastic_flags), 180s);
+  ASSERT_EQ(elastic_run.exit_code, 0) << elastic_run.out << elastic_run.err;
+  auto weights = [](const std::string& out) {
+    const auto at = out.find("final weights ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  ASSERT_FALSE(weights(static_run.out).empty()) << static_run.out;
+  EXPECT_GT(weights(static_run.out).size(), 200u);  // 178 numbers
+  EXPECT_EQ(weights(elastic_run.out), weights(static_run.out));
+  EXPECT_NE(elastic_run.err.find("worker_store=tcpstore: the workers' c10d TCPStore"), std::string::npos)
+      << elastic_run.err;
 }
 
 TEST(OtherLaunchers, PlainRunIsAWorldOfOne) {

@@ -158,6 +158,20 @@ int late_store(const cohort::comm::EnvMap& env, int delay_s) {
   return outcome == "ok" ? 0 : 1;
 }
 
+// Writes the marker file `name` into COHORT_TEST_MARKER_DIR, then waits (120 s at
+// most) for the test's "go" file there.
+int mark_then_wait_for_go(const cohort::comm::EnvMap& env, const std::string& name) {
+  const std::string dir = env.at("COHORT_TEST_MARKER_DIR");
+  std::ofstream(dir + "/" + name) << "marked\n";
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (::access((dir + "/go").c_str(), F_OK) != 0) {
+    expect(std::chrono::steady_clock::now() < until, "the test's go file within 120 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::cout << "done" << std::endl;
+  return 0;
+}
+
 void write_raw(const std::string& text) {
   expect(::write(STDOUT_FILENO, text.data(), text.size()) == static_cast<ssize_t>(text.size()), "write");
 }
@@ -198,15 +212,7 @@ int run(int argc, char** argv) {
     for (int i = 0; i < 4000; ++i) std::cout << "flood " << i << " rank " << info.rank << " " << filler << "\n";
     std::cout << std::flush;
     if (scenario == "flood") return 0;
-    const std::string dir = env.at("COHORT_TEST_MARKER_DIR");
-    std::ofstream(dir + "/flooded." + std::to_string(info.rank)) << "flooded\n";
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (::access((dir + "/go").c_str(), F_OK) != 0) {
-      expect(std::chrono::steady_clock::now() < until, "the test's go file within 120 s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    std::cout << "done" << std::endl;
-    return 0;
+    return mark_then_wait_for_go(env, "flooded." + std::to_string(info.rank));
   }
   if (scenario == "progress") {
     write_raw("crlf line\r\n");
@@ -218,6 +224,7 @@ int run(int argc, char** argv) {
   if (scenario == "absent" && info.rank == target) wait_forever();
 
   auto world = World::init();
+  if (scenario == "joined_then_wait") return mark_then_wait_for_go(env, "joined." + std::to_string(info.rank));
   if (scenario == "collectives") return collectives(world);
   if (scenario == "subgroups") return subgroups(world);
   if (scenario == "throw") {

@@ -268,7 +268,7 @@ TEST(StoreSecurity, AReplayedSessionChangesNothing) {
 // The server cuts it off at the cap with an error that names it, and serves on.
 TEST(StoreSecurity, APeerThatFloodsWhileItsRequestWaitsIsCutOffAtTheCap) {
   constexpr std::size_t kCap = 1 << 20;
-  Watched w(StoreServerOptions(kToken).max_buffer_bytes(kCap));
+  Watched w(StoreServerOptions(kToken).max_buffer_bytes(kCap).max_value_bytes(kCap / 2));
   auto good = w.client();
   auto flooder = hand_rolled(w.server.port());
   flooder->send(cohort::store::frame(
@@ -305,7 +305,7 @@ TEST(StoreSecurity, APeerThatFloodsWhileItsRequestWaitsIsCutOffAtTheCap) {
 
 TEST(StoreSecurity, ARequestOverTheCapIsRefusedByItsAnnouncedSize) {
   constexpr std::size_t kCap = 1 << 20;
-  Watched w(StoreServerOptions(kToken).max_buffer_bytes(kCap));
+  Watched w(StoreServerOptions(kToken).max_buffer_bytes(kCap).max_value_bytes(kCap / 2));
   auto peer = hand_rolled(w.server.port());
   peer->send({0x0f, 0xff, 0xff, 0xff});  // announces 256 MiB and sends none of it
   auto reply = peer->reply();
@@ -322,6 +322,28 @@ TEST(StoreSecurity, ARequestOverTheCapIsRefusedByItsAnnouncedSize) {
     FAIL() << "a value over max_buffer_bytes was stored";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("max_buffer_bytes"), std::string::npos) << e.what();
+  }
+  // The server closed that connection after its answer; the client says why, not
+  // that the store's host is gone.
+  try {
+    client->set("small", to_bytes("v"));
+    FAIL() << "a closed connection served a request";
+  } catch (const cohort::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_buffer_bytes"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("has most likely exited"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(w.client()->check({}));
+}
+
+// Note [Buffers per connection]: every value the table may hold fits in one reply.
+TEST(StoreSecurity, ABufferCapThatCannotHoldTheLargestValueIsRefused) {
+  try {
+    StoreServer server(StoreServerOptions(kToken).max_buffer_bytes(1 << 20).max_value_bytes(1 << 20));
+    FAIL() << "a buffer cap below the value cap was taken";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_buffer_bytes (1048576) must be at least max_value_bytes (1048576)"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -60,18 +60,26 @@ int positive_count(const std::string& key, const std::string& value) {
   return std::stoi(value);
 }
 
-}  // namespace
-
-RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings base) {
+// "a=1,b=2" as (key, value) pairs; empty items are skipped.
+std::vector<std::pair<std::string, std::string>> conf_items(const std::string& conf) {
+  std::vector<std::pair<std::string, std::string>> out;
   std::stringstream items(conf);
   std::string item;
   while (std::getline(items, item, ',')) {
     if (item.empty()) continue;
     const auto eq = item.find('=');
-    if (eq == std::string::npos) {
+    if (eq == std::string::npos)
       throw ConfigError(fmt::format("--rdzv-conf {}: write KEY=VALUE pairs separated by commas", item));
-    }
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings base) {
+  for (const auto& [key, value] : conf_items(conf)) {
+    const std::string item = key + "=" + value;
     if (key == "join_timeout") {
       base.join_timeout(seconds(key, value));
     } else if (key == "last_call_timeout") {
@@ -82,13 +90,25 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
       base.keep_alive_interval(seconds(key, value));
     } else if (key == "keep_alive_max_heartbeats" || key == "keep_alive_max_attempt") {
       base.keep_alive_max_missed(positive_count(key, value));
+    } else if (key == "worker_store") {
+      if (value != "cohort" && value != "tcpstore")
+        throw ConfigError(fmt::format("--rdzv-conf {}: worker_store is 'cohort' (the authenticated store, the "
+                                      "default) or 'tcpstore' (a plain c10d TCPStore for stock c10d workers)",
+                                      item));
+      base.worker_store(value == "cohort" ? WorkerStore::kCohort : WorkerStore::kTcpStore);
     } else {
       throw ConfigError(fmt::format("--rdzv-conf {}: unknown key '{}'; known: join_timeout, last_call_timeout, "
-                                    "close_timeout, keep_alive_interval, keep_alive_max_heartbeats",
+                                    "close_timeout, keep_alive_interval, keep_alive_max_heartbeats, worker_store",
                                     item, key));
     }
   }
   return base;
+}
+
+std::vector<std::string> rdzv_conf_keys(const std::string& conf) {
+  std::vector<std::string> keys;
+  for (const auto& item : conf_items(conf)) keys.push_back(item.first);
+  return keys;
 }
 
 bool RendezvousState::operator==(const RendezvousState& o) const {

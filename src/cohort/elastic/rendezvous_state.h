@@ -56,6 +56,11 @@ namespace cohort::elastic {
 // deadline, of an observer's own monotonic clock for everything else.
 using Millis = std::chrono::milliseconds;
 
+// What the workers' MASTER_ADDR/MASTER_PORT lead to (Note [The workers' store] in
+// launcher/worker_store.h): cohort's authenticated store, or a plain c10d TCPStore
+// that stock c10d workers (Python's init_process_group, plain LibTorch) can speak.
+enum class WorkerStore { kCohort, kTcpStore };
+
 struct RendezvousSettings {
   RendezvousSettings(int min_nodes, int max_nodes) : min_nodes_(min_nodes), max_nodes_(max_nodes) {}
   TORCH_ARG(int, min_nodes);
@@ -66,12 +71,18 @@ struct RendezvousSettings {
   TORCH_ARG(Millis, close_timeout) = Millis(30'000);
   TORCH_ARG(Millis, keep_alive_interval) = Millis(5'000);
   TORCH_ARG(int, keep_alive_max_missed) = 3;
+  // --rdzv-conf worker_store=cohort|tcpstore
+  TORCH_ARG(WorkerStore, worker_store) = WorkerStore::kCohort;
 };
 
-// Reads torchrun's --rdzv-conf ("join_timeout=900,last_call_timeout=10,...", seconds)
-// into `base`. Throws cohort::ConfigError naming the key for an unknown key, a value
+// Reads torchrun's --rdzv-conf ("join_timeout=900,last_call_timeout=10,...", seconds;
+// and cohort's worker_store=cohort|tcpstore) into `base`. Throws cohort::ConfigError naming the key for an unknown key, a value
 // that is not a number, or one that is not positive (c10d took 0 to mean "never").
 RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings base);
+
+// The keys `conf` sets, in order (for the static launcher, which takes only
+// worker_store). Throws like parse_rdzv_conf for an item that is not KEY=VALUE.
+std::vector<std::string> rdzv_conf_keys(const std::string& conf);
 
 struct RendezvousState {
   std::int64_t round = 0;

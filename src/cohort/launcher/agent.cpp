@@ -146,7 +146,10 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
     const auto started = std::chrono::steady_clock::now();
-    WorkerGroup running(options, worker_base, program, assignment, nproc, context, dir.attempt(attempt), g_signal_pipe[0]);
+    comm::EnvMap attempt_env = worker_base;
+    for (auto& [name, value] : rendezvous.worker_variables(attempt)) attempt_env[name] = value;
+    WorkerGroup running(options, attempt_env, program, assignment, nproc, context, dir.attempt(attempt),
+                        g_signal_pipe[0]);
     auto result = running.monitor();
     running.print_report();
     const auto ran_for = std::chrono::steady_clock::now() - started;

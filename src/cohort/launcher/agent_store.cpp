@@ -21,6 +21,8 @@ constexpr std::size_t kMinTokenLength = 16;
 // that something else holds.
 constexpr auto kProbeTimeout = std::chrono::seconds(5);
 
+}  // namespace
+
 std::string fresh_token() {
   unsigned char raw[32];
   if (RAND_bytes(raw, sizeof raw) != 1) throw Error("cohort run: the system's random source failed");
@@ -28,6 +30,8 @@ std::string fresh_token() {
   for (unsigned char c : raw) hex += fmt::format("{:02x}", c);
   return hex;
 }
+
+namespace {
 
 // An IPv4 or IPv6 address as text; empty for any other family.
 std::string address_text(const sockaddr* addr) {
@@ -151,12 +155,7 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
       const auto bind = options.standalone ? std::string("127.0.0.1") : bind_address_for(endpoint.host);
       connect_to = s.host = bind;
       s.server = std::make_unique<store::StoreServer>(
-          store::StoreServerOptions(token).bind_address(bind).port(endpoint.port).on_refused(
-              // Note [Refusals in summary]; owned by the callback, so it outlives the
-              // store's thread and prints its last summary when the store closes.
-              [report = std::make_shared<RefusalReport>([](const std::string& line) {
-                 fmt::print(stderr, "{}\n", line);
-               })](const std::string& why) { report->refused(why); }));
+          store::StoreServerOptions(token).bind_address(bind).port(endpoint.port).on_refused(refusals_to_stderr()));
       s.port = s.server->port();
     } catch (const UsageError&) {
       throw;

@@ -27,6 +27,9 @@ namespace cohort::launcher {
 // UsageError when there is none, or one too short to resist guessing.
 std::string resolve_token(const RunOptions& options, const comm::EnvMap& env);
 
+// 64 hex digits from OpenSSL's CSPRNG: the token of a job that makes its own.
+std::string fresh_token();
+
 // Whether `host` names an address of this machine (loopback included).
 bool is_local_host(const std::string& host);
 

@@ -15,6 +15,7 @@
 #include "cohort/launcher/restart_pacing.h"
 #include "cohort/launcher/round_end.h"
 #include "cohort/launcher/signal_pipe.h"
+#include "cohort/launcher/worker_store.h"
 #include "cohort/launcher/worker_group.h"
 #include "cohort/util/bytes.h"
 #include "cohort/util/host.h"
@@ -157,9 +158,15 @@ int run_elastic_agent(const AgentSetup& setup) {
       keep_alive.rethrow();
     }
   };
-  comm::EnvMap env = setup.env;
-  env["COHORT_AGENT_STORE"] = "cohort";
-  env["COHORT_RDZV_TOKEN"] = token;
+  // Note [The workers' store]: with a plain TCPStore the workers get no token.
+  const bool tcpstore = settings.worker_store() == elastic::WorkerStore::kTcpStore;
+  RoundTcpStore round_store(store.client, setup.run_id, hosting, store.host, settings.join_timeout());
+  // Note [Variables the launcher owns]: none of an outer job's may leak in.
+  comm::EnvMap env = without_launcher_variables(setup.env);
+  if (!tcpstore) {
+    env["COHORT_AGENT_STORE"] = "cohort";
+    env["COHORT_RDZV_TOKEN"] = token;
+  }
   int attempt = 0;
   try {
     while (true) {
@@ -173,13 +180,18 @@ int run_elastic_agent(const AgentSetup& setup) {
         rdzv.leave();
         continue;
       }
-      env["COHORT_STORE_PREFIX"] = fmt::format("/cohort/{}/round_{}/worker", setup.run_id, r.round);
+      if (!tcpstore) env["COHORT_STORE_PREFIX"] = fmt::format("/cohort/{}/round_{}/worker", setup.run_id, r.round);
       fmt::print(stderr,
                  "cohort run: round {}: node {} of {}, ranks {}..{} of {} (failure restarts so far: {} of {}; "
                  "rendezvous {:.3f} s)\n",
                  r.round, a.group_rank, a.group_world_size, a.base_rank, a.base_rank + setup.nproc - 1, a.world_size,
                  r.restarts, max_restarts, std::chrono::duration<double>(Clock::now() - joining).count());
       AttemptContext context{store.host, store.port, static_cast<int>(r.restarts), setup.run_id};
+      if (tcpstore) {
+        const auto workers_store = round_store.for_round(r.round, check);
+        context.store_addr = workers_store.host;
+        context.store_port = workers_store.port;
+      }
       context.max_restarts = static_cast<int>(max_restarts);  // the job's, not this agent's flag
       const auto started = Clock::now();
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),

@@ -1,5 +1,8 @@
 #include "cohort/launcher/refusal_report.h"
 
+#include <atomic>
+#include <memory>
+
 #include <fmt/format.h>
 
 namespace cohort::launcher {
@@ -41,6 +44,20 @@ void RefusalReport::summarise(Clock::time_point now) {
 std::int64_t RefusalReport::total() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return total_;
+}
+
+std::function<void(const std::string&)> refusals_to_stderr() {
+  auto print = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  auto report = std::make_shared<RefusalReport>(print);
+  auto hinted = std::make_shared<std::atomic<bool>>(false);
+  return [report, hinted, print](const std::string& why) {
+    report->refused(why);
+    if (why.find("TCPStore client") != std::string::npos && !hinted->exchange(true))
+      print("cohort run: fix: a worker speaks c10d's own TCPStore protocol (Python's init_process_group, or a "
+            "LibTorch program that makes its own TCPStore); cohort's store admits only workers that reach it "
+            "through cohort. Run stock c10d workers with --rdzv-conf worker_store=tcpstore, which gives them a "
+            "plain TCPStore, unauthenticated like torchrun's (docs/store_security.md)");
+  };
 }
 
 }  // namespace cohort::launcher

@@ -43,4 +43,10 @@ class RefusalReport {
   Clock::time_point since_{};  // the start of the unreported stretch
 };
 
+// A store's on_refused callback that reports to the launcher's stderr through a
+// RefusalReport it owns (so the report outlives the store's thread and prints its
+// last summary when the store closes). A peer that speaks c10d's own TCPStore
+// protocol also gets, once, the line that says what to do about it.
+std::function<void(const std::string&)> refusals_to_stderr();
+
 }  // namespace cohort::launcher

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "cohort/elastic/rendezvous_state.h"
@@ -89,6 +90,13 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
 
 bool is_elastic(const RunOptions& o) { return o.rdzv_backend == "c10d"; }
 
+elastic::WorkerStore worker_store_of(const RunOptions& o) {
+  const auto keys = elastic::rdzv_conf_keys(o.rdzv_conf);
+  if (!is_elastic(o) && o.max_nodes > 1 && std::find(keys.begin(), keys.end(), "worker_store") == keys.end())
+    return elastic::WorkerStore::kTcpStore;
+  return elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes)).worker_store();
+}
+
 Endpoint parse_endpoint(const std::string& text, const std::string& flag) {
   Endpoint e;
   std::string port;
@@ -173,6 +181,26 @@ void validate_common(const RunOptions& o) {
   validate_timeline(o);
 }
 
+// The static launcher takes one --rdzv-conf key, worker_store.
+void validate_static_conf(const RunOptions& o) {
+  try {
+    for (const auto& key : elastic::rdzv_conf_keys(o.rdzv_conf))
+      if (key != "worker_store")
+        throw UsageError(fmt::format("--rdzv-conf {}: belongs to the elastic rendezvous (add --rdzv-backend c10d); "
+                                     "the static launcher takes only worker_store",
+                                     key));
+    const auto store = worker_store_of(o);  // checks the value too
+    if (o.max_nodes > 1 && store == elastic::WorkerStore::kCohort)
+      throw UsageError("--rdzv-conf worker_store=cohort: the nodes of a static job share node 0's c10d TCPStore; "
+                       "for cohort's authenticated store use the elastic rendezvous (--rdzv-backend c10d "
+                       "--rdzv-endpoint HOST:PORT)");
+  } catch (const UsageError&) {
+    throw;
+  } catch (const ConfigError& e) {
+    throw UsageError(e.what());
+  }
+}
+
 void validate_elastic(const RunOptions& o) {
   if (o.rdzv_endpoint.empty())
     throw UsageError("--rdzv-endpoint: the elastic rendezvous needs HOST:PORT of the agent that hosts its store "
@@ -212,8 +240,9 @@ void validate(const RunOptions& o) {
     throw UsageError(fmt::format("--nnodes {}:{}: an elastic range needs the elastic rendezvous; add "
                                  "--rdzv-backend c10d --rdzv-endpoint HOST:PORT",
                                  o.min_nodes, o.max_nodes));
-  if (!o.rdzv_endpoint.empty() || !o.rdzv_conf.empty())
-    throw UsageError("--rdzv-endpoint/--rdzv-conf belong to the elastic rendezvous; add --rdzv-backend c10d");
+  if (!o.rdzv_endpoint.empty())
+    throw UsageError("--rdzv-endpoint belongs to the elastic rendezvous; add --rdzv-backend c10d");
+  validate_static_conf(o);
   if (o.node_rank < 0 || o.node_rank >= o.max_nodes)
     throw UsageError(fmt::format("--node-rank {}: must be in [0, {}) for --nnodes {}", o.node_rank, o.max_nodes,
                                  o.max_nodes));

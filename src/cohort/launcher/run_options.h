@@ -10,6 +10,10 @@
 
 #include "cohort/errors.h"
 
+namespace cohort::elastic {
+enum class WorkerStore;
+}
+
 namespace cohort::launcher {
 
 // A mistake on the command line: `cohort run` exits with code 2 and prints it.
@@ -71,6 +75,12 @@ struct RunOptions {
 };
 
 bool is_elastic(const RunOptions& options);
+
+// What the workers' MASTER_ADDR/MASTER_PORT lead to (Note [The workers' store] in
+// launcher/worker_store.h): --rdzv-conf worker_store, whose default is cohort's
+// authenticated store, except for a static job of several nodes, which shares node
+// 0's c10d TCPStore as torchrun's does.
+elastic::WorkerStore worker_store_of(const RunOptions& options);
 
 // "HOST:PORT" or "HOST" (port 29400, torchrun's default), IPv6 in brackets.
 struct Endpoint {

@@ -13,7 +13,12 @@
 
 #include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
+#include "cohort/elastic/rendezvous_state.h"
+#include "cohort/launcher/agent_store.h"
+#include "cohort/launcher/refusal_report.h"
 #include "cohort/launcher/signal_pipe.h"
+#include "cohort/launcher/worker_store.h"
+#include "cohort/store/store_client.h"
 #include "cohort/util/bytes.h"
 
 namespace cohort::launcher {
@@ -69,6 +74,10 @@ void check_port_free(int port) {
 
 StaticRendezvous::StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout)
     : options_(options), timeout_(timeout), address_(options.master_addr), port_(options.master_port) {
+  if (options.max_nodes == 1 && worker_store_of(options) == elastic::WorkerStore::kCohort) {
+    host_authenticated_store();
+    return;
+  }
   const bool host = options.node_rank == 0;
   if (host) check_port_free(port_);
   c10::intrusive_ptr<c10d::TCPStore> tcp;
@@ -88,6 +97,30 @@ StaticRendezvous::StaticRendezvous(const RunOptions& options, std::chrono::milli
   }
   port_ = tcp->getPort();
   store_ = tcp;
+  if (options.max_nodes == 1) fmt::print(stderr, "{}\n", tcpstore_warning(port_));
+}
+
+// Note [The workers' store]: one node, so loopback, and a token of its own.
+void StaticRendezvous::host_authenticated_store() {
+  address_ = "127.0.0.1";
+  token_ = fresh_token();
+  try {
+    server_ = std::make_unique<store::StoreServer>(
+        store::StoreServerOptions(token_).bind_address(address_).port(port_).on_refused(refusals_to_stderr()));
+  } catch (const ConfigError& e) {
+    throw UsageError(fmt::format("--master-port {}: could not host the workers' store: {}\n  pick another port, or "
+                                 "pass --master-port 0",
+                                 port_, e.what()));
+  }
+  port_ = server_->port();
+  store_ = c10::make_intrusive<store::StoreClient>(address_, port_, token_, timeout_);
+}
+
+comm::EnvMap StaticRendezvous::worker_variables(int attempt) const {
+  if (!server_) return {};
+  return {{"COHORT_AGENT_STORE", "cohort"},
+          {"COHORT_RDZV_TOKEN", token_},
+          {"COHORT_STORE_PREFIX", fmt::format("/cohort/static/attempt_{}/worker", attempt)}};
 }
 
 Assignment StaticRendezvous::assign(int local_world_size) {

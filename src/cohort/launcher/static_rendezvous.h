@@ -1,14 +1,19 @@
 #pragma once
-// Static rendezvous: a fixed set of nodes. Node 0's agent hosts the job's TCPStore
+// Static rendezvous: a fixed set of nodes. Node 0's agent hosts the job's store
 // (workers connect to it as TORCHELASTIC_USE_AGENT_STORE clients); every agent
-// publishes how many workers it runs, and global ranks follow node order. The
-// elastic rendezvous will sit beside this one and produce the same Assignment.
+// publishes how many workers it runs, and global ranks follow node order. Which
+// store that is follows Note [The workers' store] (launcher/worker_store.h): for
+// one node, by default, cohort's authenticated store on 127.0.0.1; else c10d's
+// TCPStore.
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cohort/comm/environment.h"
 #include "cohort/compat/c10d.h"
 #include "cohort/launcher/run_options.h"
+#include "cohort/store/store_server.h"
 
 namespace cohort::launcher {
 
@@ -43,13 +48,20 @@ class StaticRendezvous {
   // The other nodes' --nnodes must match ours; node 0's is published in assign().
   const std::string& address() const { return address_; }
   int port() const { return port_; }
+  // What workers of `attempt` need beyond the torchrun contract to reach the store:
+  // its token and their prefix when it is cohort's store; nothing for a TCPStore.
+  comm::EnvMap worker_variables(int attempt) const;
 
  private:
+  void host_authenticated_store();
+
   RunOptions options_;
   std::chrono::milliseconds timeout_;
   std::string address_;
   int port_ = 0;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::string token_;                           // set with server_
+  std::unique_ptr<store::StoreServer> server_;  // cohort's store, for one node
 };
 
 }  // namespace cohort::launcher

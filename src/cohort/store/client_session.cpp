@@ -7,12 +7,20 @@
 #include <fmt/format.h>
 
 #include "cohort/errors.h"
+#include "cohort/store/wire.h"
 
 namespace cohort::store {
 namespace {
 
 using net::Clock;
 
+// Note [Accepted is answered]: in TLS 1.3 the client's handshake is over once it
+// has sent its Finished, which the server has not read yet; a server under a flood
+// of strangers could still drop the connection then, and the client would take the
+// close of its first real request for a store that went away. So the session opens
+// with a request (NUM_KEYS) whose answer shows that the server took it; a close
+// before that answer is a dropped handshake, tried again within the timeout.
+//
 // The handshake over a connected socket. nullopt when the server dropped the
 // connection or went quiet, which is worth another try: it had too many peers
 // mid-handshake, or was stopping. Throws when it answered but must not be used.
@@ -37,6 +45,23 @@ std::unique_ptr<tls::Session> handshake_over(const tls::Context& context, int fd
   if (!session->used_the_key())
     throw CommError(fmt::format("cohort: the store at {} failed to prove that it holds the token; something else "
                                 "answers at that address\n  fix: check the rendezvous address and port",
+                                where));
+  // Note [Accepted is answered]: TLS 1.3 ends on the client's side before the server
+  // has read the client's last message, so one request confirms the server took us.
+  auto probe = frame(encode(Request{Op::kNumKeys, 0, {}, {}}));
+  std::uint8_t header[kFrameHeaderSize];
+  auto io = session->write_all(probe.data(), probe.size(), deadline);
+  if (io == net::Io::kDone) io = session->read_exact(header, sizeof header, deadline);
+  Bytes reply(io == net::Io::kDone ? std::min(framed_size(header), kMaxFramePayload) : 0);
+  if (io == net::Io::kDone) io = session->read_exact(reply.data(), reply.size(), deadline);
+  if (io != net::Io::kDone) {
+    last_error = io == net::Io::kTimedOut ? "the server did not answer its first request"
+                                          : "the server closed the connection after the handshake";
+    return nullptr;
+  }
+  if (!decode_reply(reply))
+    throw CommError(fmt::format("cohort: the store at {} answered its first request with nonsense; run the same "
+                                "cohort on every host of the job",
                                 where));
   return session;
 }

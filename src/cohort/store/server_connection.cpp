@@ -58,7 +58,11 @@ void ServerLoop::start_tls(Connection& c) {
 
 void ServerLoop::continue_handshake(Connection& c) {
   c.want_write = false;
-  switch (c.tls->step_handshake()) {
+  const auto step = c.tls->step_handshake();
+  // The key was accepted: the client's binder verified (Note [Pending handshakes
+  // under a flood]).
+  if (step != tls::Step::kFailed && c.tls->used_the_key()) c.proved = true;
+  switch (step) {
     case tls::Step::kDone: break;
     case tls::Step::kWantRead: return;
     case tls::Step::kWantWrite: c.want_write = true; return;
@@ -115,8 +119,7 @@ void ServerLoop::process_frames(Connection& c) {
       break;
     }
     if (c.in.size() - pos - kFrameHeaderSize < size) break;
-    const auto* start = c.in.data() + pos + kFrameHeaderSize;
-    auto request = decode_request(Bytes(start, start + size));
+    auto request = decode_request(c.in.data() + pos + kFrameHeaderSize, size);
     pos += kFrameHeaderSize + size;
     if (!request) {
       failure = "cohort: the store received a malformed request (an unknown op, or the wrong number of keys or "
@@ -205,6 +208,7 @@ void ServerLoop::fail_connection(Connection& c, const std::string& message) {
   Bytes().swap(c.in);
   Reply error;
   error.status = Status::kError;
+  error.number = kConnectionClosing;
   error.values.emplace_back(message.begin(), message.end());
   c.closing = true;
   auto bytes = frame(encode(error));

@@ -112,7 +112,7 @@ void ServerLoop::make_room_for(const std::string& source) {
   std::map<std::string, std::size_t> per_source;
   std::size_t pending = 0;
   for (const auto& c : connections_) {
-    if (c->authenticated || c->dead) continue;
+    if (c->authenticated || c->proved || c->dead) continue;
     ++per_source[c->source];
     ++pending;
   }
@@ -128,7 +128,7 @@ void ServerLoop::make_room_for(const std::string& source) {
   }
   Connection* oldest = nullptr;
   for (auto& c : connections_) {
-    if (c->authenticated || c->dead || c->source != victim_source) continue;
+    if (c->authenticated || c->proved || c->dead || c->source != victim_source) continue;
     if (!oldest || c->accepted_at < oldest->accepted_at) oldest = c.get();
   }
   if (oldest)

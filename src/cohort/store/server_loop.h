@@ -28,7 +28,9 @@ namespace cohort::store {
 // the token answers within a round trip, long before 64 newer peers can push it out,
 // because the loop accepts at most kAcceptsPerRound peers between two reads of the
 // pending ones. An evicted peer that holds the token reconnects (StoreClient retries
-// a dropped handshake within its timeout).
+// a dropped handshake within its timeout). A peer whose PSK binder has verified
+// has proved the token and is no longer counted or evicted: its TLS handshake is
+// over on its side, and it would take a later close for a refusal.
 inline constexpr std::size_t kMaxPendingHandshakes = 256;
 inline constexpr std::size_t kMaxPendingPerSource = 64;
 inline constexpr int kAcceptsPerRound = 16;
@@ -55,6 +57,9 @@ struct Connection {
   std::string source;  // the address alone
   net::Clock::time_point accepted_at;
   std::unique_ptr<tls::Session> tls;  // made once the first byte says TLS
+  // Its PSK binder verified: it holds the token, only its Finished is still to come.
+  // Never evicted (Note [Pending handshakes under a flood]).
+  bool proved = false;
   bool authenticated = false;
   bool dead = false;
   // Replying with an error, then closing (Note [Closing with an error]).

@@ -47,6 +47,21 @@ bool well_formed(const Request& r, const Reply& reply) {
   }
 }
 
+// How long a client whose request could not all be sent still looks for the
+// server's answer (Note [Closing with an error]).
+constexpr milliseconds kReplyAfterAFailedWrite = std::chrono::seconds(1);
+
+// One whole reply frame's payload.
+net::Io read_reply(tls::Session& tls, Bytes& payload, Clock::time_point deadline) {
+  std::uint8_t header[kFrameHeaderSize];
+  auto io = tls.read_exact(header, sizeof header, deadline);
+  if (io != net::Io::kDone) return io;
+  const auto size = framed_size(header);
+  if (size > kMaxFramePayload) return net::Io::kFailed;
+  payload.resize(size);
+  return tls.read_exact(payload.data(), size, deadline);
+}
+
 }  // namespace
 
 StoreClient::StoreClient(std::string host, int port, std::string token, milliseconds timeout)
@@ -88,27 +103,27 @@ Reply StoreClient::call(const Request& r, milliseconds server_wait) {
   auto& tls = *session_->tls;
   auto bytes = frame(encode(r));
   auto io = tls.write_all(bytes.data(), bytes.size(), deadline);
-  if (io == net::Io::kDone) {
-    std::uint8_t header[kFrameHeaderSize];
-    io = tls.read_exact(header, sizeof header, deadline);
+  // Note [Closing with an error]: a server that refuses a request while still
+  // receiving it answers and closes, so its answer may be here though the write failed.
+  const bool written = io == net::Io::kDone;
+  if (written || io == net::Io::kClosed || io == net::Io::kFailed) {
     Bytes payload;
-    if (io == net::Io::kDone) {
-      auto size = framed_size(header);
-      if (size > kMaxFramePayload)
-        fail(fmt::format("cohort: the store at {}:{} announced a reply of {} bytes, over the protocol's limit", host_,
-                         port_, size),
-             false);
-      payload.resize(size);
-      io = tls.read_exact(payload.data(), size, deadline);
-    }
-    if (io == net::Io::kDone) {
+    auto read = read_reply(tls, payload, written ? deadline : std::min(deadline, Clock::now() + kReplyAfterAFailedWrite));
+    if (read == net::Io::kDone) {
       auto reply = decode_reply(payload);
       if (!reply || !well_formed(r, *reply))
         fail(fmt::format("cohort: the store at {}:{} sent a reply that makes no sense", host_, port_), false);
-      if (reply->status == Status::kError)
-        TORCH_CHECK(false, std::string(reply->values[0].begin(), reply->values[0].end()));
-      return *reply;
+      if (reply->status == Status::kError) {
+        std::string message(reply->values[0].begin(), reply->values[0].end());
+        if (reply->number == kConnectionClosing || !written) {
+          session_.reset();
+          broken_ = message;
+        }
+        TORCH_CHECK(false, message);
+      }
+      if (written) return *reply;
     }
+    if (written) io = read;
   }
   const char* error = std::strerror(errno);
   if (io == net::Io::kClosed)

@@ -30,6 +30,11 @@ void validate(const StoreServerOptions& o) {
     throw ConfigError(fmt::format("cohort: the store's port {} is not in 0..65535 (0 picks a free one)", o.port()));
   if (o.handshake_timeout().count() <= 0)
     throw ConfigError("cohort: the store's handshake timeout must be > 0");
+  // Note [Buffers per connection]: any value the table takes must fit in one reply.
+  if (o.max_buffer_bytes() < o.max_value_bytes() + kReplyOverheadBytes)
+    throw ConfigError(fmt::format("cohort: the store's max_buffer_bytes ({}) must be at least max_value_bytes ({}) "
+                                  "+ {}, so that every value it stores can be read back in one reply",
+                                  o.max_buffer_bytes(), o.max_value_bytes(), kReplyOverheadBytes));
 }
 
 net::Fd listen_on(const StoreServerOptions& o, int& port) {
@@ -67,8 +72,9 @@ StoreServer::StoreServer(StoreServerOptions options) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0)
     throw CommError(fmt::format("cohort: the store could not make its wake-up pipe: {}", std::strerror(errno)));
-  wake_ = pipe_fds[1];
+  net::Fd wake(pipe_fds[1]);
   loop_ = std::make_unique<ServerLoop>(std::move(options), std::move(listener), net::Fd(pipe_fds[0]));
+  wake_ = wake.release();
   thread_ = std::thread([loop = loop_.get()] { loop->run(); });
 }
 

@@ -19,6 +19,9 @@
 
 namespace cohort::store {
 
+// Room for a reply's own fields and a key beside the largest value.
+inline constexpr std::size_t kReplyOverheadBytes = 64 * 1024;
+
 struct StoreServerOptions {
   explicit StoreServerOptions(std::string token) : token_(std::move(token)) {}
   // The shared secret; must not be empty.
@@ -31,9 +34,12 @@ struct StoreServerOptions {
   // the token needs a round trip; Note [Pending handshakes under a flood]).
   TORCH_ARG(std::chrono::milliseconds, handshake_timeout) = std::chrono::seconds(1);
   // The most bytes the server buffers for one connection, in each direction: a
-  // peer that sends more while a request of its own waits, or leaves more of its
-  // replies unread, gets an error naming this limit and is disconnected.
-  TORCH_ARG(std::size_t, max_buffer_bytes) = (std::size_t{256} << 20) + 64;
+  // request, or replies not yet read. A peer that sends more while a request of its
+  // own waits, or leaves more of its replies unread, gets an error naming this limit
+  // and is disconnected. At least max_value_bytes + kReplyOverheadBytes, so that
+  // every stored value can be read back; a connection costs the server up to about
+  // twice this while one of its requests is decoded (Note [Buffers per connection]).
+  TORCH_ARG(std::size_t, max_buffer_bytes) = (std::size_t{64} << 20) + kReplyOverheadBytes;
   // Called from the server's thread once per refused peer, with a one-line reason
   // that names the peer's address. It must not block for long: the store waits.
   TORCH_ARG(std::function<void(const std::string&)>, on_refused) = nullptr;

@@ -35,7 +35,7 @@ class Writer {
 // read past the payload nor make us allocate more than the payload holds.
 class Reader {
  public:
-  explicit Reader(const Bytes& in) : in_(in) {}
+  Reader(const std::uint8_t* data, std::size_t size) : in_(data), size_(size) {}
   bool u8(std::uint8_t& v) {
     if (left() < 1) return false;
     v = in_[pos_++];
@@ -62,17 +62,17 @@ class Reader {
     for (std::uint32_t i = 0; i < count; ++i) {
       std::uint32_t size = 0;
       if (!u32(size) || size > left()) return false;
-      items.emplace_back(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
-                         in_.begin() + static_cast<std::ptrdiff_t>(pos_ + size));
+      items.emplace_back(in_ + pos_, in_ + pos_ + size);
       pos_ += size;
     }
     return true;
   }
-  bool done() const { return pos_ == in_.size(); }
+  bool done() const { return pos_ == size_; }
 
  private:
-  std::size_t left() const { return in_.size() - pos_; }
-  const Bytes& in_;
+  std::size_t left() const { return size_ - pos_; }
+  const std::uint8_t* in_;
+  std::size_t size_;
   std::size_t pos_ = 0;
 };
 
@@ -121,8 +121,10 @@ Bytes encode(const Reply& reply) {
   return w.take();
 }
 
-std::optional<Request> decode_request(const Bytes& payload) {
-  Reader r(payload);
+std::optional<Request> decode_request(const Bytes& payload) { return decode_request(payload.data(), payload.size()); }
+
+std::optional<Request> decode_request(const std::uint8_t* data, std::size_t size) {
+  Reader r(data, size);
   Request out;
   std::uint8_t op = 0;
   if (!r.u8(op) || !r.i64(out.number) || !r.list(out.keys) || !r.list(out.values) || !r.done())
@@ -137,7 +139,7 @@ std::optional<Request> decode_request(const Bytes& payload) {
 }
 
 std::optional<Reply> decode_reply(const Bytes& payload) {
-  Reader r(payload);
+  Reader r(payload.data(), payload.size());
   Reply out;
   std::uint8_t status = 0;
   if (!r.u8(status) || status > static_cast<std::uint8_t>(Status::kError) || !r.i64(out.number) ||

@@ -74,6 +74,10 @@ enum class Status : std::uint8_t {
                  // or a write over a cap (Note [Store memory caps] in store/table.h)
 };
 
+// An error reply's number: the server closes the connection after it (a limit was
+// broken, Note [Closing with an error]); 0 when the connection goes on.
+inline constexpr std::int64_t kConnectionClosing = 1;
+
 struct Request {
   Op op = Op::kSet;
   std::int64_t number = 0;
@@ -93,6 +97,8 @@ Bytes encode(const Reply& reply);
 // nullopt when `payload` is not a well-formed request: an unknown op, or the wrong
 // number of keys or values for it. The server then drops the connection.
 std::optional<Request> decode_request(const Bytes& payload);
+// The same over bytes in place (the server decodes from its input buffer, uncopied).
+std::optional<Request> decode_request(const std::uint8_t* data, std::size_t size);
 std::optional<Reply> decode_reply(const Bytes& payload);
 
 inline constexpr std::size_t kFrameHeaderSize = 4;
