@@ -22,6 +22,7 @@
 #include "support/state_dicts.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
+#include "support/test_pki.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -474,6 +475,38 @@ TEST(ElasticLauncher, StandaloneRunsOnLoopbackWithAFreshToken) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(contains(r.err, "hosts the rendezvous store on 127.0.0.1:")) << r.err;
   EXPECT_TRUE(contains(r.err, "round 0: node 0 of 1, ranks 0..1 of 2")) << r.err;
+}
+
+// Note [Certificates and the token]: with COHORT_STORE_TLS_* set, the agent's store
+// and every client of it (the agent's own, the workers') use mutual TLS under the
+// site's CA. Workers that ignored the variables could not reach a store that
+// requires certificates, so a job that completes shows they used them; a host
+// certificate of another CA stops the job at the store, with the reason.
+TEST(ElasticLauncher, WithTheSitesCertificatesTheStoreIsMutualTls) {
+  cohort::testing::TestPki site, stranger("a-strangers-ca");
+  for (bool elastic : {true, false}) {
+    auto env = cohort::testing::TestPki::variables(site.issue("node"));
+    env["COHORT_RDZV_TOKEN"] = "";
+    std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", "2", COHORT_TEST_WORKER_PATH,
+                                  "collectives"};
+    if (elastic) argv.insert(argv.begin() + 2, "--standalone");
+    auto r = cohort::testing::run_process(argv, 120s, env);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+
+    auto intruder = stranger.issue("intruder");
+    env["COHORT_STORE_TLS_CERT"] = intruder.cert_file;
+    env["COHORT_STORE_TLS_KEY"] = intruder.key_file;
+    r = cohort::testing::run_process(argv, 120s, env);
+    EXPECT_NE(r.exit_code, 0) << describe(r);
+    EXPECT_TRUE(contains(r.err, "certificate verify failed")) << r.err;
+  }
+  auto partial = cohort::testing::TestPki::variables(site.issue("node"));
+  partial.erase("COHORT_STORE_TLS_KEY");
+  auto r = cohort::testing::run_process({COHORT_CLI_PATH, "run", "--standalone", "--nproc-per-node", "2",
+                                         COHORT_TEST_WORKER_PATH, "collectives"},
+                                        60s, partial);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "COHORT_STORE_TLS_KEY is not set")) << r.err;
 }
 
 // Note [Pending handshakes under a flood]: while a stranger holds 150 silent

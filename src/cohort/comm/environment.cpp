@@ -85,6 +85,7 @@ WorldInfo from_torchrun(const EnvMap& env) {
     if (w.store_token.empty())
       throw ConfigError("COHORT_AGENT_STORE=cohort but COHORT_RDZV_TOKEN is empty: the agent's store admits only "
                         "holders of the job's token; start the program with `cohort run`, which sets both");
+    w.store_certificates = store::certificates_from(env);
   }
   if (w.world_size > 1 || w.use_agent_store) {
     auto addr = lookup(env, "MASTER_ADDR");

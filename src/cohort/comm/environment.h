@@ -10,6 +10,8 @@
 #include <map>
 #include <string>
 
+#include "cohort/store/certificates.h"
+
 namespace cohort::comm {
 
 using EnvMap = std::map<std::string, std::string>;
@@ -43,6 +45,9 @@ struct WorldInfo {
   // rendezvous round, so the store's one port serves every round.
   bool cohort_agent_store = false;
   std::string store_token;
+  // COHORT_STORE_TLS_CA, _CERT and _KEY, inherited from the launcher's environment:
+  // the site's certificates for that store, or none (docs/store_security.md).
+  store::Certificates store_certificates;
   std::string store_prefix;
 
   // Whether the launcher said how many ranks share this host. A hand-written launch

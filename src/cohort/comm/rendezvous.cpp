@@ -18,7 +18,8 @@ namespace {
 // authenticated store.
 c10::intrusive_ptr<c10d::Store> connect_client(const WorldInfo& info, std::chrono::milliseconds timeout) {
   if (info.cohort_agent_store)
-    return c10::make_intrusive<store::StoreClient>(info.master_addr, info.master_port, info.store_token, timeout);
+    return c10::make_intrusive<store::StoreClient>(info.master_addr, info.master_port, info.store_token, timeout,
+                                                   info.store_certificates);
   return compat::make_tcp_store(info.master_addr, static_cast<std::uint16_t>(info.master_port), false, timeout);
 }
 

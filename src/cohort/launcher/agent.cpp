@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "cohort/launcher/agent_store.h"
 #include "cohort/launcher/elastic_agent.h"
 #include "cohort/launcher/failure.h"
 #include "cohort/launcher/restart_pacing.h"
@@ -132,7 +133,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   }
   const auto timeout = util::timeout_from_seconds(options.join_timeout, "--join-timeout");
 
-  StaticRendezvous rendezvous(options, timeout);
+  StaticRendezvous rendezvous(options, timeout, resolve_certificates(env));
   const Assignment assignment = rendezvous.assign(nproc);
 
   install_signal_handlers();

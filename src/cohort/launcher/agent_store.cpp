@@ -92,14 +92,15 @@ std::string bind_address_for(const std::string& host) {
 // Connects in short attempts until `timeout`, so that `check` sees the agent's
 // signals while the hosting agent is still starting.
 c10::intrusive_ptr<store::StoreClient> connect(const std::string& host, int port, const std::string& token,
+                                               const store::Certificates& certificates,
                                                std::chrono::milliseconds timeout, const std::function<void()>& check) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
-      return c10::make_intrusive<store::StoreClient>(host, port, token,
-                                                     std::max(std::chrono::milliseconds(100),
-                                                              std::min(left, std::chrono::milliseconds(2000))));
+      return c10::make_intrusive<store::StoreClient>(
+          host, port, token, std::max(std::chrono::milliseconds(100), std::min(left, std::chrono::milliseconds(2000))),
+          certificates);
     } catch (const TimeoutError& e) {
       if (left <= std::chrono::milliseconds(2000))
         throw TimeoutError(fmt::format("cohort run: no rendezvous store answered at {}:{} within {:.0f} s: {}\n  "
@@ -113,9 +114,14 @@ c10::intrusive_ptr<store::StoreClient> connect(const std::string& host, int port
 }
 
 UsageError refused(const RunOptions& o, const std::exception& e) {
+  // A refusal over certificates (COHORT_STORE_TLS_*) names its own fix.
+  const std::string why = e.what();
+  if (why.find("COHORT_STORE_TLS_") != std::string::npos)
+    return UsageError(fmt::format("--rdzv-endpoint {}: the store refused this agent, or this agent the store: {}",
+                                  o.rdzv_endpoint, why));
   return UsageError(fmt::format("--rdzv-token: the store at {} refused this agent: {}\n  fix: give every node the "
                                 "same token (COHORT_RDZV_TOKEN or --rdzv-token)",
-                                o.rdzv_endpoint, e.what()));
+                                o.rdzv_endpoint, why));
 }
 
 }  // namespace
@@ -143,7 +149,16 @@ bool is_local_host(const std::string& host) {
   return false;
 }
 
-AgentStore open_agent_store(const RunOptions& options, const std::string& token, std::chrono::milliseconds timeout,
+store::Certificates resolve_certificates(const comm::EnvMap& env) {
+  try {
+    return store::certificates_from(env);
+  } catch (const ConfigError& e) {
+    throw UsageError(e.what());
+  }
+}
+
+AgentStore open_agent_store(const RunOptions& options, const std::string& token,
+                            const store::Certificates& certificates, std::chrono::milliseconds timeout,
                             const std::function<void()>& check) {
   const auto endpoint = parse_endpoint(options.rdzv_endpoint, "--rdzv-endpoint");
   AgentStore s;
@@ -155,14 +170,16 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
       const auto bind = options.standalone ? std::string("127.0.0.1") : bind_address_for(endpoint.host);
       connect_to = s.host = bind;
       s.server = std::make_unique<store::StoreServer>(
-          store::StoreServerOptions(token).bind_address(bind).port(endpoint.port).on_refused(refusals_to_stderr()));
+          store::StoreServerOptions(token).bind_address(bind).port(endpoint.port).on_refused(refusals_to_stderr())
+              .certificates(certificates));
       s.port = s.server->port();
     } catch (const UsageError&) {
       throw;
     } catch (const ConfigError& host_error) {
       // Taken: by another agent of this job on this host, we hope; the handshake tells.
       try {
-        s.client = c10::make_intrusive<store::StoreClient>(s.host, s.port, token, std::chrono::milliseconds(kProbeTimeout));
+        s.client = c10::make_intrusive<store::StoreClient>(s.host, s.port, token,
+                                                           std::chrono::milliseconds(kProbeTimeout), certificates);
       } catch (const ConfigError& e) {
         throw refused(options, e);
       } catch (const TimeoutError& e) {
@@ -189,7 +206,7 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
                  options.rdzv_endpoint, connect_to);
   }
   try {
-    s.client = connect(connect_to, s.port, token, timeout, check);
+    s.client = connect(connect_to, s.port, token, certificates, timeout, check);
   } catch (const ConfigError& e) {
     throw refused(options, e);
   }

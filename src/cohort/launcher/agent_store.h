@@ -27,6 +27,11 @@ namespace cohort::launcher {
 // UsageError when there is none, or one too short to resist guessing.
 std::string resolve_token(const RunOptions& options, const comm::EnvMap& env);
 
+// COHORT_STORE_TLS_CA, _CERT and _KEY: the site's certificates for every connection
+// to the job's store, or none (docs/store_security.md). Throws UsageError when only
+// some are set.
+store::Certificates resolve_certificates(const comm::EnvMap& env);
+
 // 64 hex digits from OpenSSL's CSPRNG: the token of a job that makes its own.
 std::string fresh_token();
 
@@ -44,7 +49,8 @@ struct AgentStore {
 // calling `check` between short attempts (it may throw: the agent's signals).
 // Throws UsageError for a port taken by something else or a refused token,
 // TimeoutError when no store answers in time.
-AgentStore open_agent_store(const RunOptions& options, const std::string& token, std::chrono::milliseconds timeout,
+AgentStore open_agent_store(const RunOptions& options, const std::string& token,
+                            const store::Certificates& certificates, std::chrono::milliseconds timeout,
                             const std::function<void()>& check);
 
 }  // namespace cohort::launcher

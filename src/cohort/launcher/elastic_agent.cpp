@@ -103,10 +103,11 @@ std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
 int run_elastic_agent(const AgentSetup& setup) {
   const auto& o = setup.options;
   const auto token = resolve_token(o, setup.env);
+  const auto certificates = resolve_certificates(setup.env);
   const auto settings = elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes));
   AgentStore store;
   try {
-    store = open_agent_store(o, token, settings.join_timeout(), [&] {
+    store = open_agent_store(o, token, certificates, settings.join_timeout(), [&] {
       if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
     });
   } catch (const SignalReceived& s) {

@@ -72,8 +72,13 @@ void check_port_free(int port) {
                                  port));
 }
 
-StaticRendezvous::StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout)
-    : options_(options), timeout_(timeout), address_(options.master_addr), port_(options.master_port) {
+StaticRendezvous::StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout,
+                                   store::Certificates certificates)
+    : options_(options),
+      timeout_(timeout),
+      certificates_(std::move(certificates)),
+      address_(options.master_addr),
+      port_(options.master_port) {
   if (options.max_nodes == 1 && worker_store_of(options) == elastic::WorkerStore::kCohort) {
     host_authenticated_store();
     return;
@@ -106,14 +111,15 @@ void StaticRendezvous::host_authenticated_store() {
   token_ = fresh_token();
   try {
     server_ = std::make_unique<store::StoreServer>(
-        store::StoreServerOptions(token_).bind_address(address_).port(port_).on_refused(refusals_to_stderr()));
+        store::StoreServerOptions(token_).bind_address(address_).port(port_).on_refused(refusals_to_stderr())
+            .certificates(certificates_));
   } catch (const ConfigError& e) {
     throw UsageError(fmt::format("--master-port {}: could not host the workers' store: {}\n  pick another port, or "
                                  "pass --master-port 0",
                                  port_, e.what()));
   }
   port_ = server_->port();
-  store_ = c10::make_intrusive<store::StoreClient>(address_, port_, token_, timeout_);
+  store_ = c10::make_intrusive<store::StoreClient>(address_, port_, token_, timeout_, certificates_);
 }
 
 comm::EnvMap StaticRendezvous::worker_variables(int attempt) const {

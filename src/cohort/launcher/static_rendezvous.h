@@ -33,8 +33,10 @@ void check_port_free(int port);
 class StaticRendezvous {
  public:
   // Hosts the store (node 0) or connects to it (others). Throws UsageError for a
-  // busy port, TimeoutError when node 0 cannot be reached within `timeout`.
-  StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout);
+  // busy port, TimeoutError when node 0 cannot be reached within `timeout`. A
+  // single-node job's store (cohort's) uses `certificates` where they are given.
+  StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout,
+                   store::Certificates certificates = {});
 
   // Exchanges worker counts with the other agents, bounded by the timeout; the error
   // names the node ranks that never arrived.
@@ -57,6 +59,7 @@ class StaticRendezvous {
 
   RunOptions options_;
   std::chrono::milliseconds timeout_;
+  store::Certificates certificates_;
   std::string address_;
   int port_ = 0;
   c10::intrusive_ptr<c10d::Store> store_;

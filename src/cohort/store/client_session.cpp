@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include "cohort/errors.h"
 #include "cohort/store/wire.h"
@@ -21,6 +22,39 @@ using net::Clock;
 // with a request (NUM_KEYS) whose answer shows that the server took it; a close
 // before that answer is a dropped handshake, tried again within the timeout.
 //
+// A failed handshake between a store and a client of which only one has the site's
+// certificates: say so, rather than OpenSSL's reason alone.
+void check_certificate_modes(const tls::Context& context, const tls::Session& session, const std::string& where) {
+  if (!context.with_certificates() && session.peer_has_certificate())
+    throw ConfigError(fmt::format("cohort: the store at {} runs with certificates (mutual TLS), this peer without: "
+                                  "{}\n  fix: set COHORT_STORE_TLS_CA, _CERT and _KEY here as on the host of the "
+                                  "store (docs/store_security.md)",
+                                  where, session.error()));
+  if (context.with_certificates() && !session.peer_has_certificate())
+    throw ConfigError(fmt::format("cohort: the TLS handshake with the store at {} failed ({}); this peer has "
+                                  "certificates (COHORT_STORE_TLS_*) and the store showed none: it runs without "
+                                  "them, or is not cohort's store\n  fix: set COHORT_STORE_TLS_CA, _CERT and _KEY "
+                                  "on every host of the job, or on none",
+                                  where, session.error()));
+  if (context.with_certificates())
+    throw ConfigError(fmt::format("cohort: the TLS handshake with the store at {} failed: {}\n  fix: give every host "
+                                  "of the job a certificate and key of one CA, and that CA in COHORT_STORE_TLS_CA",
+                                  where, session.error()));
+}
+
+// Note [Certificates and the token]: the server's answer to our proof is its own.
+void check_servers_proof(const tls::Session& session, const Reply& answer, const std::string& where) {
+  if (answer.status == Status::kError && answer.values.size() == 1)
+    throw ConfigError(fmt::format("cohort: the store at {} refused this peer: {}", where,
+                                  std::string(answer.values[0].begin(), answer.values[0].end())));
+  const Bytes expected = session.token_proof(tls::Role::kServer);
+  if (answer.status != Status::kOk || answer.values.size() != 1 || answer.values[0].size() != expected.size() ||
+      CRYPTO_memcmp(answer.values[0].data(), expected.data(), expected.size()) != 0)
+    throw ConfigError(fmt::format("cohort: the store at {} holds a certificate of this job's CA but a different "
+                                  "token\n  fix: pass the job's --rdzv-token / COHORT_RDZV_TOKEN on every host",
+                                  where));
+}
+
 // The handshake over a connected socket. nullopt when the server dropped the
 // connection or went quiet, which is worth another try: it had too many peers
 // mid-handshake, or was stopping. Throws when it answered but must not be used.
@@ -32,6 +66,7 @@ std::unique_ptr<tls::Session> handshake_over(const tls::Context& context, int fd
     case net::Io::kTimedOut: last_error = "the TLS handshake did not complete"; return nullptr;
     case net::Io::kClosed: last_error = "the server closed the connection during the handshake"; return nullptr;
     case net::Io::kFailed:
+      check_certificate_modes(context, *session, where);
       if (session->wrong_key())
         throw ConfigError(fmt::format("cohort: the store at {} holds a different token: pass the job's "
                                       "--rdzv-token / COHORT_RDZV_TOKEN",
@@ -41,14 +76,18 @@ std::unique_ptr<tls::Session> handshake_over(const tls::Context& context, int fd
                                   "and run the same cohort on every host of the job",
                                   where, session->error()));
   }
-  // Note [Store protocol]: only the key proves the server; a certificate never does.
-  if (!session->used_the_key())
+  const bool certificates = context.with_certificates();
+  // Note [Store protocol]: only the key proves the server; a certificate never does,
+  // unless the site gave certificates (Note [Certificates and the token]).
+  if (certificates ? !session->peer_verified() : !session->used_the_key())
     throw CommError(fmt::format("cohort: the store at {} failed to prove that it holds the token; something else "
                                 "answers at that address\n  fix: check the rendezvous address and port",
                                 where));
   // Note [Accepted is answered]: TLS 1.3 ends on the client's side before the server
   // has read the client's last message, so one request confirms the server took us.
-  auto probe = frame(encode(Request{Op::kNumKeys, 0, {}, {}}));
+  // With certificates that request is the proof of the token.
+  auto probe = frame(encode(certificates ? Request{Op::kProve, 0, {}, {session->token_proof(tls::Role::kClient)}}
+                                         : Request{Op::kNumKeys, 0, {}, {}}));
   std::uint8_t header[kFrameHeaderSize];
   auto io = session->write_all(probe.data(), probe.size(), deadline);
   if (io == net::Io::kDone) io = session->read_exact(header, sizeof header, deadline);
@@ -59,20 +98,22 @@ std::unique_ptr<tls::Session> handshake_over(const tls::Context& context, int fd
                                           : "the server closed the connection after the handshake";
     return nullptr;
   }
-  if (!decode_reply(reply))
+  auto answer = decode_reply(reply);
+  if (!answer)
     throw CommError(fmt::format("cohort: the store at {} answered its first request with nonsense; run the same "
                                 "cohort on every host of the job",
                                 where));
+  if (certificates) check_servers_proof(*session, *answer, where);
   return session;
 }
 
 }  // namespace
 
 ClientSession open_session(const std::string& host, int port, const std::string& token,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::milliseconds timeout, const Certificates& certificates) {
   const auto deadline = Clock::now() + timeout;
   const auto where = fmt::format("{}:{}", host, port);
-  auto context = std::make_unique<tls::Context>(tls::Role::kClient, token);
+  auto context = std::make_unique<tls::Context>(tls::Role::kClient, token, certificates);
   std::string last_error;
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "cohort/store/certificates.h"
 #include "cohort/store/net.h"
 #include "cohort/store/tls.h"
 
@@ -20,7 +21,9 @@ struct ClientSession {
 // Throws TimeoutError when no store answers at host:port within `timeout`,
 // ConfigError when it holds another token, CommError when it speaks another
 // protocol or fails to prove that it holds the token.
+// With `certificates`, the handshake is mutual TLS under them and the token is
+// proved inside it (Note [Certificates and the token] in store/certificates.h).
 ClientSession open_session(const std::string& host, int port, const std::string& token,
-                           std::chrono::milliseconds timeout);
+                           std::chrono::milliseconds timeout, const Certificates& certificates = {});
 
 }  // namespace cohort::store

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include "cohort/store/server_loop.h"
 
@@ -16,7 +17,11 @@ using net::Clock;
 namespace {
 
 // Why a handshake that OpenSSL failed was refused, for the server's report.
-std::string handshake_refusal(const tls::Session& s) {
+std::string handshake_refusal(const tls::Context& context, const tls::Session& s) {
+  if (context.with_certificates())
+    return fmt::format("its TLS handshake failed ({}); this store admits only peers that show a certificate of its "
+                       "CA (COHORT_STORE_TLS_CA, _CERT and _KEY, set on every host of the job)",
+                       s.error());
   if (s.wrong_key()) return "it holds a different token";
   const std::string& offered = s.offered_identity();
   if (!offered.empty() && offered != tls::kPskIdentity)
@@ -67,10 +72,18 @@ void ServerLoop::continue_handshake(Connection& c) {
     case tls::Step::kWantRead: return;
     case tls::Step::kWantWrite: c.want_write = true; return;
     case tls::Step::kClosed: c.dead = true; return;  // it left
-    case tls::Step::kFailed: return refuse(c, handshake_refusal(*c.tls));
+    case tls::Step::kFailed: return refuse(c, handshake_refusal(tls_, *c.tls));
   }
-  // Without a certificate the handshake cannot complete otherwise; checked all the same.
-  if (!c.tls->used_the_key()) return refuse(c, "its TLS handshake did not use the job's key");
+  if (tls_.with_certificates()) {
+    // Note [Certificates and the token]: OpenSSL has checked the chain (and fails a
+    // handshake without one); the token's proof is the session's first request.
+    if (!c.tls->peer_verified()) return refuse(c, "its certificate did not verify against the store's CA");
+    c.proved = true;
+    c.awaiting_proof = true;
+  } else if (!c.tls->used_the_key()) {
+    // Without a certificate the handshake cannot complete otherwise; checked all the same.
+    return refuse(c, "its TLS handshake did not use the job's key");
+  }
   c.authenticated = true;
   read_frames(c);  // a request may have come with the client's Finished
 }
@@ -133,6 +146,7 @@ void ServerLoop::process_frames(Connection& c) {
 }
 
 void ServerLoop::handle(Connection& c, Request request) {
+  if (c.awaiting_proof || request.op == Op::kProve) return check_proof(c, request);
   if (auto r = table_.apply(request)) return reply(c, *r);
   // A year bounds the deadline arithmetic; the client bounds the wait it asked for.
   auto wait = std::chrono::milliseconds(std::clamp<std::int64_t>(request.number, 0, 365LL * 24 * 3600 * 1000));
@@ -214,6 +228,26 @@ void ServerLoop::fail_connection(Connection& c, const std::string& message) {
   auto bytes = frame(encode(error));
   c.out.insert(c.out.end(), bytes.begin(), bytes.end());
   flush(c);
+}
+
+// Note [Certificates and the token]: the client's proof comes first and only once;
+// the server shows its own only after the client's checked out.
+void ServerLoop::check_proof(Connection& c, const Request& request) {
+  if (!c.awaiting_proof || request.op != Op::kProve)
+    return fail_connection(c, fmt::format("cohort: a {} request out of place: a session proves the token once, "
+                                          "first, and only when the store has certificates; run the same cohort "
+                                          "on every host of the job",
+                                          op_name(request.op)));
+  const Bytes expected = c.tls->token_proof(tls::Role::kClient);
+  const Bytes& given = request.values[0];
+  if (given.size() != expected.size() || CRYPTO_memcmp(given.data(), expected.data(), given.size()) != 0)
+    return fail_connection(c, "cohort: the peer and the store hold different tokens (the peer's certificate is of "
+                              "the store's CA, but its proof of the token failed)\n  fix: pass the job's --rdzv-token / "
+                              "COHORT_RDZV_TOKEN on every host");
+  c.awaiting_proof = false;
+  Reply r;
+  r.values.push_back(c.tls->token_proof(tls::Role::kServer));
+  reply(c, r);
 }
 
 void ServerLoop::refuse(Connection& c, const std::string& reason) {

@@ -18,7 +18,7 @@ using net::Clock;
 
 ServerLoop::ServerLoop(StoreServerOptions options, net::Fd listener, net::Fd wake)
     : options_(std::move(options)),
-      tls_(tls::Role::kServer, options_.token()),
+      tls_(tls::Role::kServer, options_.token(), options_.certificates()),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
       table_(TableOptions().max_value_bytes(options_.max_value_bytes()).max_table_bytes(options_.max_table_bytes())) {}
@@ -72,7 +72,7 @@ int ServerLoop::poll_timeout_ms() const {
   if (Clock::now() < accept_paused_until_) next = accept_paused_until_;
   for (const auto& c : connections_) {
     if (c->authenticated && !c->closing && c->tls->has_buffered()) return 0;
-    if (!c->authenticated) next = std::min(next, c->handshake_deadline);
+    if (!c->authenticated || c->awaiting_proof) next = std::min(next, c->handshake_deadline);
     if (c->parked) next = std::min(next, c->parked_deadline);
     if (c->lingering) next = std::min(next, c->linger_until);
   }
@@ -152,7 +152,7 @@ void ServerLoop::expire(Clock::time_point now) {
     if (c->dead) continue;
     if (c->lingering) {
       if (now >= c->linger_until) c->dead = true;
-    } else if (!c->authenticated && now >= c->handshake_deadline) {
+    } else if ((!c->authenticated || c->awaiting_proof) && now >= c->handshake_deadline) {
       refuse(*c, fmt::format("it did not finish the handshake within {:.1f} s",
                              std::chrono::duration<double>(options_.handshake_timeout()).count()));
     } else if (c->parked && now >= c->parked_deadline) {

@@ -59,8 +59,13 @@ struct Connection {
   std::unique_ptr<tls::Session> tls;  // made once the first byte says TLS
   // Its PSK binder verified: it holds the token, only its Finished is still to come.
   // Never evicted (Note [Pending handshakes under a flood]).
+  // With certificates: its chain verified, which is as good (Note [Certificates and
+  // the token] in store/certificates.h).
   bool proved = false;
   bool authenticated = false;
+  // With certificates: the TLS handshake is done, the token's proof (the session's
+  // first request, PROVE) is still to come, within the handshake deadline.
+  bool awaiting_proof = false;
   bool dead = false;
   // Replying with an error, then closing (Note [Closing with an error]).
   bool closing = false;
@@ -99,6 +104,7 @@ class ServerLoop {
   void fail_connection(Connection& c, const std::string& message);
   void drop_input(Connection& c);
   void handle(Connection& c, Request request);
+  void check_proof(Connection& c, const Request& request);
   void reply(Connection& c, const Reply& r);
   void flush(Connection& c);
   void refuse(Connection& c, const std::string& reason);

@@ -64,15 +64,20 @@ net::Io read_reply(tls::Session& tls, Bytes& payload, Clock::time_point deadline
 
 }  // namespace
 
-StoreClient::StoreClient(std::string host, int port, std::string token, milliseconds timeout)
-    : c10d::Store(timeout), host_(std::move(host)), port_(port), token_(std::move(token)) {
+StoreClient::StoreClient(std::string host, int port, std::string token, milliseconds timeout,
+                         Certificates certificates)
+    : c10d::Store(timeout),
+      host_(std::move(host)),
+      port_(port),
+      token_(std::move(token)),
+      certificates_(std::move(certificates)) {
   if (token_.empty())
     throw ConfigError("cohort: the store token is empty\n  fix: pass the job's --rdzv-token / COHORT_RDZV_TOKEN");
   if (port_ <= 0 || port_ > 65535)
     throw ConfigError(fmt::format("cohort: store port {} is not in 1..65535", port_));
   if (timeout.count() <= 0)
     throw ConfigError("cohort: a store timeout must be > 0 (cohort bounds every wait)");
-  session_ = std::make_unique<ClientSession>(open_session(host_, port_, token_, timeout));
+  session_ = std::make_unique<ClientSession>(open_session(host_, port_, token_, timeout, certificates_));
 }
 
 StoreClient::~StoreClient() = default;
@@ -208,7 +213,7 @@ void StoreClient::multiSet(const std::vector<std::string>& keys, const std::vect
 #endif
 
 c10::intrusive_ptr<c10d::Store> StoreClient::clone() {
-  return c10::make_intrusive<StoreClient>(host_, port_, token_, timeout());
+  return c10::make_intrusive<StoreClient>(host_, port_, token_, timeout(), certificates_);
 }
 
 }  // namespace cohort::store

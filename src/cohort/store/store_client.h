@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cohort/compat/c10d.h"
+#include "cohort/store/certificates.h"
 
 namespace cohort::store {
 
@@ -33,8 +34,11 @@ class StoreClient : public c10d::Store {
   // (the server may start later); `timeout` also becomes getTimeout(). Throws
   // TimeoutError when no store answers in time, ConfigError when the server holds
   // another token (or `timeout` is not > 0), CommError when the server fails to
-  // prove it holds the token.
-  StoreClient(std::string host, int port, std::string token, std::chrono::milliseconds timeout);
+  // prove it holds the token. With `certificates` (the site's CA, this peer's
+  // certificate and key), the connection is mutual TLS under them as well (Note
+  // [Certificates and the token] in store/certificates.h).
+  StoreClient(std::string host, int port, std::string token, std::chrono::milliseconds timeout,
+              Certificates certificates = {});
   ~StoreClient() override;
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
@@ -85,6 +89,7 @@ class StoreClient : public c10d::Store {
   std::string host_;
   int port_;
   std::string token_;  // kept for clone()
+  Certificates certificates_;
   mutable std::mutex timeout_mutex_;
   std::mutex mutex_;  // one request at a time on the connection
   std::unique_ptr<ClientSession> session_;

@@ -17,6 +17,8 @@
 #include <string>
 #include <thread>
 
+#include "cohort/store/certificates.h"
+
 namespace cohort::store {
 
 // Room for a reply's own fields and a key beside the largest value.
@@ -48,6 +50,10 @@ struct StoreServerOptions {
   // refused with an error that names it (Note [Store memory caps] in store/table.h).
   TORCH_ARG(std::size_t, max_value_bytes) = std::size_t{64} << 20;
   TORCH_ARG(std::size_t, max_table_bytes) = std::size_t{1} << 30;
+  // The site's CA, this server's certificate and key: every peer must then show a
+  // certificate of that CA as well as prove the token (Note [Certificates and the
+  // token] in store/certificates.h). Empty: the token alone.
+  TORCH_ARG(Certificates, certificates);
 };
 
 class ServerLoop;

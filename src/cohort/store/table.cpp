@@ -184,6 +184,7 @@ std::optional<Reply> Table::apply(const Request& request) {
       ++generation_;
       return ok();
     }
+    case Op::kProve: break;  // the connection's business, not the table's (ServerLoop::handle)
   }
   return error("cohort: unknown store request");
 }

@@ -14,6 +14,7 @@
 #include <openssl/hmac.h>
 #include <openssl/objects.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include "cohort/errors.h"
 
@@ -87,6 +88,34 @@ SSL_SESSION* psk_session(SSL* ssl, const Bytes& key) {
   return session;
 }
 
+// Note [Certificates and the token]: the labels of the two exported proofs.
+constexpr char kClientProofLabel[] = "EXPORTER-cohort-store/2 client proves the token";
+constexpr char kServerProofLabel[] = "EXPORTER-cohort-store/2 server proves the token";
+
+// Loads one of the site's PEM files, or throws naming it and its variable.
+void load(bool ok, const std::string& file, const char* variable, const char* what) {
+  if (ok) return;
+  throw ConfigError(fmt::format("{}\n  fix: {} must name a readable PEM file holding {}",
+                                openssl_error(fmt::format("cohort: the store's {} ({}={}) did not load", what,
+                                                          variable, file)
+                                                  .c_str()),
+                                variable, what));
+}
+
+void use_certificates(SSL_CTX* ctx, const Certificates& c, Role role) {
+  load(SSL_CTX_load_verify_locations(ctx, c.ca_file.c_str(), nullptr) == 1, c.ca_file, kCaVariable, "CA certificate");
+  load(SSL_CTX_use_certificate_chain_file(ctx, c.cert_file.c_str()) == 1, c.cert_file, kCertVariable, "certificate");
+  load(SSL_CTX_use_PrivateKey_file(ctx, c.key_file.c_str(), SSL_FILETYPE_PEM) == 1, c.key_file, kKeyVariable,
+       "private key");
+  if (SSL_CTX_check_private_key(ctx) != 1)
+    throw ConfigError(fmt::format("cohort: the store's private key ({}={}) is not the key of its certificate ({}={})\n"
+                                  "  fix: give each host the key that belongs to its certificate",
+                                  kKeyVariable, c.key_file, kCertVariable, c.cert_file));
+  // Each end requires the other's certificate, and checks its chain against the CA.
+  SSL_CTX_set_verify(ctx, role == Role::kServer ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT : SSL_VERIFY_PEER,
+                     nullptr);
+}
+
 }  // namespace
 
 // OpenSSL's callbacks, a friend of Session so that the server can say what identity
@@ -120,7 +149,8 @@ struct Callbacks {
   }
 };
 
-Context::Context(Role role, const std::string& token) : role_(role) {
+Context::Context(Role role, const std::string& token, const Certificates& certificates)
+    : role_(role), with_certificates_(certificates.enabled()) {
   if (token.empty())
     throw ConfigError("cohort: the store token is empty\n  fix: pass the job's --rdzv-token / COHORT_RDZV_TOKEN");
   // The TLS key is a MAC of a fixed label under the token, so that the token itself
@@ -145,20 +175,29 @@ Context::Context(Role role, const std::string& token) : role_(role) {
   }
   SSL_CTX_clear_options(ctx_, SSL_OP_ALLOW_NO_DHE_KEX);
   SSL_CTX_set_mode(ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  if (role == Role::kClient) {
+  if (role == Role::kServer) SSL_CTX_set_num_tickets(ctx_, 0);  // nothing to resume: every connection proves afresh
+  if (with_certificates_) {
+    // Note [Certificates and the token]: no PSK on either end, so the handshake is
+    // authenticated by the certificates; the token is proved after it.
+    try {
+      use_certificates(ctx_, certificates, role);
+    } catch (...) {
+      SSL_CTX_free(ctx_);
+      throw;
+    }
+  } else if (role == Role::kClient) {
     SSL_CTX_set_psk_use_session_callback(ctx_, &Callbacks::use);
     // No trusted certificates: a server that tries to authenticate with one instead
     // of the key fails verification.
     SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER, nullptr);
   } else {
     SSL_CTX_set_psk_find_session_callback(ctx_, &Callbacks::find);
-    SSL_CTX_set_num_tickets(ctx_, 0);  // nothing to resume: every connection proves the key afresh
   }
 }
 
 Context::~Context() { SSL_CTX_free(ctx_); }
 
-Session::Session(const Context& context, int fd) : fd_(fd) {
+Session::Session(const Context& context, int fd) : context_(context), fd_(fd) {
   ssl_ = SSL_new(context.native());
   BIO* bio = ssl_ ? BIO_new(socket_method()) : nullptr;
   if (bio == nullptr) {
@@ -194,11 +233,18 @@ Step Session::result(int rc) {
         const int reason = ERR_GET_REASON(e);
         // Note [Telling a wrong token]: the server fails the client's binder; the
         // alert it sends for that is decrypt_error or, in OpenSSL 3.0, illegal_parameter.
-        if (reason == SSL_R_BINDER_DOES_NOT_VERIFY || reason == SSL_R_TLSV1_ALERT_DECRYPT_ERROR ||
-            reason == SSL_R_SSLV3_ALERT_ILLEGAL_PARAMETER)
+        // With certificates no key is offered, so these alerts mean something else.
+        if (!context_.with_certificates() &&
+            (reason == SSL_R_BINDER_DOES_NOT_VERIFY || reason == SSL_R_TLSV1_ALERT_DECRYPT_ERROR ||
+             reason == SSL_R_SSLV3_ALERT_ILLEGAL_PARAMETER))
           wrong_key_ = true;
+        if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED) certificate_failed_ = true;
         const char* text = ERR_reason_error_string(e);
-        if (error_.empty()) error_ = text ? text : fmt::format("OpenSSL error {:#x}", e);
+        if (!error_.empty()) continue;
+        error_ = text ? text : fmt::format("OpenSSL error {:#x}", e);
+        // Say why a chain failed: "unable to get local issuer certificate", ...
+        if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED)
+          error_ += fmt::format(" ({})", X509_verify_cert_error_string(SSL_get_verify_result(ssl_)));
       }
       if (error_.empty()) error_ = "TLS failed";
       return Step::kFailed;
@@ -290,6 +336,25 @@ net::Io Session::read_exact(std::uint8_t* data, std::size_t n, net::Clock::time_
 }
 
 bool Session::used_the_key() const { return SSL_session_reused(ssl_) == 1; }
+
+// OpenSSL keeps the peer's certificate only once it has verified.
+bool Session::peer_has_certificate() const {
+  return certificate_failed_ || SSL_get0_peer_certificate(ssl_) != nullptr;
+}
+
+bool Session::peer_verified() const {
+  return context_.with_certificates() && peer_has_certificate() && SSL_get_verify_result(ssl_) == X509_V_OK;
+}
+
+Bytes Session::token_proof(Role of) const {
+  const char* label = of == Role::kClient ? kClientProofLabel : kServerProofLabel;
+  Bytes proof(48);
+  const Bytes& key = context_.key();
+  if (SSL_export_keying_material(ssl_, proof.data(), proof.size(), label, std::strlen(label), key.data(), key.size(),
+                                 1) != 1)
+    throw CommError(openssl_error("cohort: could not export the store's proof of the token"));
+  return proof;
+}
 
 std::string Session::key_exchange_group() const {
   const int nid = SSL_get_negotiated_group(ssl_);

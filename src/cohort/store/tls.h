@@ -1,7 +1,9 @@
 #pragma once
-// TLS 1.3 for the store's connections, keyed by the job's token alone: OpenSSL with
-// an external pre-shared key, no certificates. See Note [Store protocol] in
-// store/wire.h for what it proves and why it gives forward secrecy.
+// TLS 1.3 for the store's connections, keyed by the job's token: OpenSSL with an
+// external pre-shared key and no certificates, or, where a site gives them,
+// certificate-based mutual TLS with the token proved inside the channel. See Note
+// [Store protocol] in store/wire.h for what it proves and why it gives forward
+// secrecy, and Note [Certificates and the token] in store/certificates.h.
 //
 // A Context is one end's configuration (client or server) and owns the key; a
 // Session is one connection over a non-blocking socket. The server drives its
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/store/certificates.h"
 #include "cohort/store/net.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
@@ -34,20 +37,24 @@ enum class Role { kClient, kServer };
 
 class Context {
  public:
-  // Throws ConfigError for an empty token, CommError when OpenSSL fails.
-  Context(Role role, const std::string& token);
+  // Throws ConfigError for an empty token or certificate files that do not load
+  // (naming the file and its variable), CommError when OpenSSL fails.
+  Context(Role role, const std::string& token, const Certificates& certificates = {});
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   Role role() const { return role_; }
   const Bytes& key() const { return key_; }
+  // Certificate-based mutual TLS (Note [Certificates and the token]).
+  bool with_certificates() const { return with_certificates_; }
   // For tests that inspect the handshake (OpenSSL's keylog callback, for one).
   SSL_CTX* native() const { return ctx_; }
 
  private:
   Role role_;
   Bytes key_;  // derived from the token; never the token itself
+  bool with_certificates_ = false;
   SSL_CTX* ctx_ = nullptr;
 };
 
@@ -95,6 +102,13 @@ class Session {
   std::string key_exchange_group() const;
   // On the server: the PSK identity the client offered, empty when it offered none.
   const std::string& offered_identity() const { return offered_identity_; }
+  // The peer showed a certificate, whether or not it verified.
+  bool peer_has_certificate() const;
+  // With certificates: the peer's chain verified against our CA.
+  bool peer_verified() const;
+  // Note [Certificates and the token]: the proof of the token that `of` sends on
+  // this connection, exported from its TLS secrets under the token's key.
+  Bytes token_proof(Role of) const;
 
   SSL* native() const { return ssl_; }
 
@@ -103,11 +117,13 @@ class Session {
   Step result(int rc);
   net::Io wait(Step step, net::Clock::time_point deadline) const;
 
+  const Context& context_;
   SSL* ssl_ = nullptr;
   int fd_ = -1;
   std::string error_;
   std::string offered_identity_;
   bool wrong_key_ = false;
+  bool certificate_failed_ = false;
 };
 
 }  // namespace cohort::store::tls

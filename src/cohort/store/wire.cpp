@@ -95,6 +95,7 @@ std::optional<Shape> shape_of(Op op) {
     case Op::kAppend: return Shape{1, 1};
     case Op::kMultiGet: return Shape{-1, 0};
     case Op::kMultiSet: return Shape{-1, -1};
+    case Op::kProve: return Shape{0, 1};
   }
   return std::nullopt;
 }
@@ -130,7 +131,7 @@ std::optional<Request> decode_request(const std::uint8_t* data, std::size_t size
   if (!r.u8(op) || !r.i64(out.number) || !r.list(out.keys) || !r.list(out.values) || !r.done())
     return std::nullopt;
   out.op = static_cast<Op>(op);
-  auto shape = op >= static_cast<std::uint8_t>(Op::kSet) && op <= static_cast<std::uint8_t>(Op::kMultiSet)
+  auto shape = op >= static_cast<std::uint8_t>(Op::kSet) && op <= static_cast<std::uint8_t>(Op::kProve)
                    ? shape_of(out.op)
                    : std::nullopt;
   if (!shape || !fits(shape->keys, out.keys.size()) || !fits(shape->values, out.values.size())) return std::nullopt;
@@ -176,6 +177,7 @@ const char* op_name(Op op) {
     case Op::kAppend: return "APPEND";
     case Op::kMultiGet: return "MULTI_GET";
     case Op::kMultiSet: return "MULTI_SET";
+    case Op::kProve: return "PROVE";
   }
   return "?";
 }

@@ -10,7 +10,8 @@
 // the wire. Every connection is TLS 1.3 (OpenSSL; store/tls.h) with an external
 // pre-shared key: HMAC-SHA384 of a fixed label under the token, offered under the
 // identity "cohort-store/2", which also names the protocol's version. No
-// certificates. What that gives:
+// certificates by default (a site can add them: Note [Certificates and the token]
+// in store/certificates.h). What that gives:
 //  - Mutual proof. The client's PSK binder proves the key to the server before the
 //    server answers; the server's Finished proves it to the client, which also
 //    checks that the key was used (a server that has no key and tries a certificate
@@ -65,6 +66,10 @@ enum class Op : std::uint8_t {
   kAppend,
   kMultiGet,  // waits for every key
   kMultiSet,
+  // With certificates, a session's first request and nothing else: values[0] is the
+  // client's proof of the token, the reply's values[0] the server's (Note
+  // [Certificates and the token] in store/certificates.h). The table never sees it.
+  kProve,
 };
 
 enum class Status : std::uint8_t {
