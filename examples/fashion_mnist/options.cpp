@@ -73,6 +73,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
                  "One process, this many replicas of the model: on the CPU, or one per GPU with --device cuda "
                  "(DataParallel; DDP with one process per device is faster)")
       ->check(CLI::Range(1, 64));
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage: 0, the whole optimizer on every rank; 1, its state sharded over the ranks "
+                 "(docs/zero.md)")
+      ->check(CLI::Range(0, 3));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -95,6 +99,12 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
            " stages, but the model has 4 layers with weights (conv1, conv2, fc1, fc2); use at most 4 in all");
   if (o.data_parallel_replicas > 1 && o.pipeline_stages > 1)
     refuse("--data-parallel-replicas and --pipeline-stages do not combine; use one or the other");
+  if (o.zero > 1)
+    refuse("--zero " + std::to_string(o.zero) + ": gradient and parameter sharding (ZeRO-2 and 3) are not built "
+           "yet; --zero 1 shards the optimizer's state (docs/zero.md)");
+  if (o.zero == 1 && (o.pipeline_stages > 1 || o.data_parallel_replicas > 1))
+    refuse("--zero 1 shards the optimizer over the data-parallel ranks of plain DDP; it does not combine with "
+           "--pipeline-stages or --data-parallel-replicas yet");
   if (o.amp == "fp16" && o.device == "cpu")
     refuse("--amp fp16 needs --device cuda (the CPU runs autocast in bfloat16); use --amp bf16 on the CPU");
   if (o.pipeline_stages > 1 && o.microbatches > o.batch_size)

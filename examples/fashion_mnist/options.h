@@ -34,6 +34,7 @@ struct TrainerOptions {
   bool activation_checkpointing = false;  // recompute each stage's forward in backward
   int data_parallel_replicas = 1;  // >1: one process, this many replicas (cohort::dp)
   std::string amp = "off";  // bf16 | fp16 | off (docs/amp.md)
+  int zero = 0;  // 0 | 1: the optimizer's state sharded over the ranks (docs/zero.md)
 };
 
 // Parses argv. Returns nullopt after printing help. On a bad flag, prints what is

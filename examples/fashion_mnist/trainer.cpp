@@ -21,6 +21,7 @@
 #include "cohort/errors.h"
 #include "cohort/system/cuda.h"
 #include "evaluate.h"
+#include "optimizer.h"
 #include "cohort/trace/step_profiler.h"
 #include "performance.h"
 #include "progress.h"
@@ -40,13 +41,6 @@ c10::Device choose_device(const TrainerOptions& o, const cohort::comm::World& wo
   if (world.device().is_cuda()) return world.device();
   const auto count = static_cast<int>(torch::cuda::device_count());
   return c10::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % count));
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, torch::nn::Module& model) {
-  if (o.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(model.parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9));
-  }
-  return std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(o.lr));
 }
 
 // Cosine decay from the peak to zero over the run. It follows the fraction of the
@@ -93,7 +87,7 @@ int train(const TrainerOptions& o) {
   auto strategy = o.pipeline_stages > 1         ? make_pipeline(o, world, device)
                   : o.data_parallel_replicas > 1 ? make_replicas(o, world, device)
                                                  : make_data_parallel(o, world, device);
-  auto optimizer = make_optimizer(o, strategy->model());
+  auto optimizer = make_optimizer(o, strategy->model(), world);
   MixedPrecision precision(o, device, world.group());
   // The data is sharded over the data-parallel replicas: every stage of one pipeline
   // reads the same batch (the first stage its images, the last its labels).
@@ -293,6 +287,7 @@ int train(const TrainerOptions& o) {
   }
 
   auto strategy_summary = strategy->summary();  // collective
+  auto memory = memory_per_rank(strategy->model(), *optimizer, world, device);  // collective
   if (lead) {
     nlohmann::json summary = {
         {"test_accuracy", last_eval.accuracy()},
@@ -307,6 +302,8 @@ int train(const TrainerOptions& o) {
         {"samples", samples_this_run},
         {"device", device.str()},
         {"amp", o.amp},
+        {"zero", o.zero},
+        {"memory_per_rank", memory},
     };
     if (o.amp == "fp16") summary["amp_scaler"] = {{"scale", precision.loss_scale()}, {"skipped_steps", precision.skipped_steps()}};
     summary.update(strategy_summary);

@@ -283,6 +283,60 @@ TEST(Trainer, ActivationCheckpointingChangesNoWeight) {
   EXPECT_TRUE(bitwise_equal(plain, recomputed)) << "largest difference " << max_difference(plain, recomputed);
 }
 
+// --zero 1 (docs/zero.md): the optimizer's state sharded over the ranks changes no
+// weight; each rank holds part of the state, which the final JSON reports; and its
+// checkpoints (the state gathered whole to rank 0) resume at another world size.
+TEST(Trainer, ZeroOneChangesNoWeightAndResumesAtAnotherWorldSize) {
+  TempDir dir("cohort-trainer");
+  const auto data = cohort::testing::fashion_subset(dir.path, 1000);
+  // SGD with momentum: world 1 x 32 and world 2 x 16 agree within float rounding
+  // (Adam's normalisation would magnify the rounding of near-zero gradients).
+  const std::vector<std::string> args = {"--data-dir", data, "--epochs", "1", "--optimizer", "sgd", "--lr", "0.05",
+                                         "--seed", "4"};
+  const auto plain = dir.path + "/plain.pt", sharded = dir.path + "/sharded.pt", resumed = dir.path + "/resumed.pt";
+  auto a = run_trainer(2, with(args, {"--batch-size", "16", "--save-final", plain}));
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  auto b = run_trainer(2, with(args, {"--batch-size", "16", "--zero", "1", "--save-final", sharded}));
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
+  // Per rank: the whole state without ZeRO; with it, two shards that add up to it.
+  auto state_bytes = [](const std::string& out) {
+    std::vector<long long> bytes;
+    const std::string key = "\"optimizer_state_bytes\":";
+    for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1))
+      bytes.push_back(std::stoll(out.substr(at + key.size())));
+    return bytes;
+  };
+  const auto whole = state_bytes(a.out), shards = state_bytes(b.out);
+  ASSERT_EQ(whole.size(), 2u) << a.out;
+  ASSERT_EQ(shards.size(), 2u) << b.out;
+  EXPECT_EQ(whole[0], whole[1]);
+  EXPECT_EQ(shards[0] + shards[1], whole[0]);
+  EXPECT_LT(shards[0], whole[0]);
+  EXPECT_LT(shards[1], whole[0]);
+
+  // Stopped at step 10 by two ranks, resumed by one with twice the batch.
+  const auto ckpt = dir.path + "/ckpt";
+  auto first = run_trainer(2, with(args, {"--batch-size", "16", "--zero", "1", "--checkpoint-dir", ckpt,
+                                          "--max-steps", "10"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  auto second = run_trainer(1, with(args, {"--batch-size", "32", "--zero", "1", "--checkpoint-dir", ckpt,
+                                           "--save-final", resumed}));
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000010"), std::string::npos) << second.out;
+  EXPECT_LT(max_difference(plain, resumed), 1e-5);
+}
+
+TEST(Trainer, ZeroFlagsThatCannotWorkExitTwo) {
+  for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero", "2"},
+                                                                  {"--zero", "1", "--pipeline-stages", "2"},
+                                                                  {"--zero", "1", "--data-parallel-replicas", "2"}}) {
+    auto r = run_trainer(1, with(kQuick, extra));
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_NE(r.err.find("--zero"), std::string::npos) << describe(r);
+  }
+}
+
 // --data-parallel-replicas 3: one process, three CPU replicas splitting each batch of
 // 32 (11, 11 and 10 rows), equals one process without replicas on the same batches;
 // so do two replicas that recompute their convolutions.

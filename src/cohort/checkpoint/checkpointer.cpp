@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "cohort/checkpoint/atomic_file.h"
+#include "cohort/checkpoint/gathered_state.h"
 #include "cohort/checkpoint/manifest.h"
 #include "cohort/checkpoint/rng_state.h"
 #include "cohort/checkpoint/state_dict.h"
@@ -127,6 +128,15 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
     const auto parts = group_.all_gather(state.to(device));
     for (std::size_t r = 0; r < parts.size(); ++r) rng[r].push_back(parts[r].cpu());
   }
+  // An optimizer spread over the ranks (ZeRO) gathers its state to rank 0 first.
+  const auto* spread = dynamic_cast<const GathersStateForSave*>(&optimizer);
+  if (spread) spread->gather_state(0);
+  struct Release {
+    const GathersStateForSave* spread;
+    ~Release() {
+      if (spread) spread->release_gathered_state();
+    }
+  } release{spread};
   const std::string path = path_of(progress.step);
   std::string error;
   SaveOutcome outcome = kSaved;

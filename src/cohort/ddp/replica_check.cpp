@@ -64,7 +64,8 @@ std::vector<ParamDescription> describe_parameters(const torch::nn::Module& modul
   return out;
 }
 
-void verify_replicas(comm::Group& group, const std::vector<ParamDescription>& params) {
+void verify_replicas(comm::Group& group, const std::vector<ParamDescription>& params,
+                     const ReplicaCheckWording& wording) {
   const auto text = serialize(params);
   auto summary = torch::tensor({static_cast<std::int64_t>(params.size()), digest(text)}, torch::kInt64);
   auto summaries = group.all_gather(summary);
@@ -88,10 +89,10 @@ void verify_replicas(comm::Group& group, const std::vector<ParamDescription>& pa
     differing.push_back(r);
     if (first.empty()) first = diff;
   }
-  throw ConfigError(fmt::format(
-      "cohort DDP on rank {}: the model differs across ranks ({} differ from rank 0: {}); first difference: {}.\n"
-      "  fix: build the same model on every rank, with the same constructor arguments, before wrapping it",
-      group.rank(), differing.size() == 1 ? "rank" : "ranks", fmt::join(differing, ", "), first));
+  throw ConfigError(fmt::format("{} on rank {}: {} differs across ranks ({} differ from rank 0: {}); first "
+                                "difference: {}.\n  fix: {}",
+                                wording.who, group.rank(), wording.what, differing.size() == 1 ? "rank" : "ranks",
+                                fmt::join(differing, ", "), first, wording.fix));
 }
 
 }  // namespace cohort::ddp

@@ -30,8 +30,16 @@ struct ParamDescription {
 // The parameters of `module`, in registration order (named_parameters()).
 std::vector<ParamDescription> describe_parameters(const torch::nn::Module& module);
 
+// Who checks, for the error: "cohort DDP on rank R: the model differs ...".
+struct ReplicaCheckWording {
+  std::string who = "cohort DDP";
+  std::string what = "the model";
+  std::string fix = "build the same model on every rank, with the same constructor arguments, before wrapping it";
+};
+
 // Throws cohort::ConfigError on every rank when the ranks' descriptions differ,
 // naming the first differing parameter and the ranks that differ from rank 0.
-void verify_replicas(comm::Group& group, const std::vector<ParamDescription>& params);
+void verify_replicas(comm::Group& group, const std::vector<ParamDescription>& params,
+                     const ReplicaCheckWording& wording = ReplicaCheckWording());
 
 }  // namespace cohort::ddp

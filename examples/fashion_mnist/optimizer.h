@@ -1,0 +1,24 @@
+#pragma once
+// The trainer's optimizer: Adam or SGD with momentum, whole on every rank, or
+// sharded over the ranks with --zero 1 (cohort::zero::ShardedOptimizer, docs/zero.md).
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cohort/comm/world.h"
+#include "options.h"
+
+namespace fashion_mnist {
+
+// Collective with --zero 1 (every rank builds it).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, torch::nn::Module& model,
+                                                        cohort::comm::World& world);
+
+// Collective: each rank's bytes of parameters, gradients and optimizer state, for
+// the final JSON line ("memory_per_rank", rank 0's copy is the one printed).
+nlohmann::json memory_per_rank(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                               cohort::comm::World& world, c10::Device device);
+
+}  // namespace fashion_mnist

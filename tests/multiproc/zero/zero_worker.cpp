@@ -1,0 +1,327 @@
+// ZeRO-1 across real processes, started by tests/multiproc/zero_test.cpp through
+// `cohort run`. Every rank trains two copies of one model with DDP on its rows of
+// each global batch: one with a plain optimizer, one with zero::ShardedOptimizer
+// around the same optimizer. Note [ZeRO-1 step] says they must stay bitwise equal;
+// each scenario prints "<scenario> ok rank R ..." when they do, and exits 1 otherwise.
+//   zero_worker parity|resume|amp|mismatch --optimizer sgd|adam [--steps K]
+//     [--cap BYTES] [--file PATH] [--save]
+#include <torch/torch.h>
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <iostream>
+#include <string>
+
+#include "cohort/amp/grad_scaler.h"
+#include "cohort/comm/world.h"
+#include "cohort/compat/optimizer.h"
+#include "cohort/ddp/distributed_data_parallel.h"
+#include "cohort/errors.h"
+#include "cohort/zero/sharded_optimizer.h"
+#include "cohort/zero/state_bytes.h"
+
+namespace {
+using cohort::comm::World;
+using cohort::ddp::DistributedDataParallel;
+using cohort::zero::ShardedOptimizer;
+
+struct Args {
+  std::string scenario;
+  std::string optimizer = "adam";
+  int steps = 4;
+  std::int64_t cap = 25 << 20;
+  std::string file;
+  bool save = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  if (argc < 2) throw std::invalid_argument("usage: zero_worker SCENARIO [flags]");
+  a.scenario = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string flag = argv[i];
+    auto value = [&] {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+      return std::string(argv[++i]);
+    };
+    if (flag == "--optimizer") a.optimizer = value();
+    else if (flag == "--steps") a.steps = std::stoi(value());
+    else if (flag == "--cap") a.cap = std::stoll(value());
+    else if (flag == "--file") a.file = value();
+    else if (flag == "--save") a.save = true;
+    else throw std::invalid_argument("unknown flag " + flag);
+  }
+  return a;
+}
+
+// Parameters of uneven sizes (a partition over 3 ranks cannot be even), one of them
+// shared by two layers and one frozen.
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    a = register_module("a", torch::nn::Linear(20, 48));
+    b = register_module("b", torch::nn::Linear(48, 30));
+    c = register_module("c", torch::nn::Linear(30, 30));
+    head = register_module("head", torch::nn::Linear(30, 4));
+    frozen = register_parameter("frozen", torch::randn({30}) * 0.1, /*requires_grad=*/false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::tanh(b(torch::relu(a(x))));
+    h = torch::tanh(c(h) + frozen);
+    h = torch::tanh(c(h));  // c twice: its parameters get two contributions
+    return head(h);
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr}, head{nullptr};
+  torch::Tensor frozen;
+};
+TORCH_MODULE(Net);
+
+cohort::zero::OptimizerFactory factory(const std::string& name) {
+  if (name == "sgd")
+    return [](std::vector<torch::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+    };
+  if (name == "adam")
+    return [](std::vector<torch::Tensor> p) {
+      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).weight_decay(1e-4));
+    };
+  if (name == "adamw")
+    return [](std::vector<torch::Tensor> p) {
+      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2));
+    };
+  throw std::invalid_argument("unknown optimizer " + name);
+}
+
+struct Batch {
+  torch::Tensor x, y;
+};
+constexpr int kRows = 5;
+Batch rows(int step, int rank, int world) {
+  torch::manual_seed(2000 + step);
+  auto x = torch::randn({world * kRows, 20});
+  auto y = torch::randn({world * kRows, 4});
+  return {x.narrow(0, rank * kRows, kRows), y.narrow(0, rank * kRows, kRows)};
+}
+
+// Two copies of the model, each under DDP: `plain` with the whole optimizer,
+// `sharded` with ShardedOptimizer.
+struct Pair {
+  Pair(World& world, const Args& a)
+      : plain_model(make(world)), sharded_model(make(world)), plain(plain_model, world.group()),
+        sharded(sharded_model, world.group()), plain_opt(factory(a.optimizer)(plain_model->parameters())),
+        sharded_opt(sharded_model->parameters(), world.group(), factory(a.optimizer),
+                    cohort::zero::ShardedOptimizerOptions().bucket_cap_bytes(a.cap)) {}
+  static Net make(World&) {
+    torch::manual_seed(7);
+    return Net();
+  }
+  void step(int step, World& world, cohort::amp::GradScaler* plain_scaler = nullptr,
+            cohort::amp::GradScaler* sharded_scaler = nullptr, bool poison = false) {
+    auto b = rows(step, world.rank(), world.size());
+    plain_opt->zero_grad();
+    sharded_opt.zero_grad();
+    auto l1 = torch::mse_loss(plain(b.x), b.y);
+    auto l2 = torch::mse_loss(sharded(b.x), b.y);
+    if (plain_scaler) {
+      plain_scaler->scale(l1).backward();
+      sharded_scaler->scale(l2).backward();
+      if (poison) {  // one rank's gradient overflows: every rank must skip
+        plain_model->head->bias.grad()[0] = std::numeric_limits<float>::infinity();
+        sharded_model->head->bias.grad()[0] = std::numeric_limits<float>::infinity();
+      }
+      plain_scaler->step(*plain_opt);
+      sharded_scaler->step(sharded_opt);
+      plain_scaler->update();
+      sharded_scaler->update();
+      return;
+    }
+    l1.backward();
+    l2.backward();
+    plain_opt->step();
+    sharded_opt.step();
+  }
+  Net plain_model, sharded_model;
+  DistributedDataParallel<Net> plain, sharded;
+  std::unique_ptr<torch::optim::Optimizer> plain_opt;
+  ShardedOptimizer sharded_opt;
+};
+
+// Parameters (and the frozen one) bitwise equal.
+bool same_weights(const torch::nn::Module& x, const torch::nn::Module& y, std::string& what) {
+  auto px = x.named_parameters(), py = y.named_parameters();
+  for (const auto& item : px) {
+    if (!torch::equal(item.value(), py[item.key()])) {
+      what = item.key() + " differs by " +
+             std::to_string((item.value() - py[item.key()]).abs().max().item<double>());
+      return false;
+    }
+  }
+  return true;
+}
+
+// Per-parameter states of two optimizers over identically ordered parameters.
+bool same_states(const torch::optim::Optimizer& x, const std::vector<torch::Tensor>& px,
+                 const torch::optim::Optimizer& y, const std::vector<torch::Tensor>& py, std::string& what) {
+  using namespace torch::optim;
+  auto state_of = [](const Optimizer& o, const torch::Tensor& p) -> const OptimizerParamState* {
+    auto it = o.state().find(cohort::compat::optimizer_state_key(p));
+    return it == o.state().end() ? nullptr : it->second.get();
+  };
+  for (std::size_t i = 0; i < px.size(); ++i) {
+    const auto* sx = state_of(x, px[i]);
+    const auto* sy = state_of(y, py[i]);
+    if ((sx == nullptr) != (sy == nullptr)) {
+      what = "parameter " + std::to_string(i) + " has state in only one";
+      return false;
+    }
+    if (sx == nullptr) continue;
+    bool same = false;
+    if (auto* a = dynamic_cast<const AdamParamState*>(sx)) {
+      auto* b = dynamic_cast<const AdamParamState*>(sy);
+      same = b && a->step() == b->step() && torch::equal(a->exp_avg(), b->exp_avg()) &&
+             torch::equal(a->exp_avg_sq(), b->exp_avg_sq());
+    } else if (auto* a = dynamic_cast<const AdamWParamState*>(sx)) {
+      auto* b = dynamic_cast<const AdamWParamState*>(sy);
+      same = b && a->step() == b->step() && torch::equal(a->exp_avg(), b->exp_avg()) &&
+             torch::equal(a->exp_avg_sq(), b->exp_avg_sq());
+    } else if (auto* a = dynamic_cast<const SGDParamState*>(sx)) {
+      auto* b = dynamic_cast<const SGDParamState*>(sy);
+      same = b && torch::equal(a->momentum_buffer(), b->momentum_buffer());
+    }
+    if (!same) {
+      what = "the state of parameter " + std::to_string(i) + " differs";
+      return false;
+    }
+  }
+  return true;
+}
+
+int report(World& world, const std::string& scenario, bool ok, const std::string& detail) {
+  std::cout << scenario << (ok ? " ok" : " FAILED") << " rank " << world.rank() << ": " << detail << std::endl;
+  return ok ? 0 : 1;
+}
+
+std::vector<torch::Tensor> unique_params(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) {
+    bool seen = false;
+    for (const auto& q : out) seen = seen || q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+    if (!seen) out.push_back(p);
+  }
+  return out;
+}
+
+// K steps, then: weights bitwise equal on every rank; the shards' state bytes add up
+// to the whole optimizer's, each about 1/N of it; and the state gathered to rank 0
+// and saved loads into a plain optimizer equal to the whole one.
+int parity(World& world, const Args& a) {
+  Pair pair(world, a);
+  for (int s = 0; s < a.steps; ++s) pair.step(s, world);
+  std::string what;
+  if (!same_weights(*pair.plain_model, *pair.sharded_model, what)) return report(world, "parity", false, what);
+
+  const auto whole_bytes = cohort::zero::optimizer_state_bytes(*pair.plain_opt);
+  const auto mine = pair.sharded_opt.local_state_bytes();
+  auto total = torch::tensor({mine}, torch::kLong);
+  world.group().all_reduce(total);
+  std::int64_t largest = 0;
+  for (const auto& p : pair.plain_model->parameters())
+    if (p.requires_grad()) largest = std::max<std::int64_t>(largest, p.numel() * p.element_size());
+  const std::int64_t per_param_state = a.optimizer == "sgd" ? 1 : 2;  // momentum; or Adam's two moments
+  const std::int64_t bound = whole_bytes / world.size() + per_param_state * largest;
+  if (total.item<std::int64_t>() != whole_bytes || mine > bound)
+    return report(world, "parity", false,
+                  "state bytes: mine " + std::to_string(mine) + ", sum " + std::to_string(total.item<std::int64_t>()) +
+                      ", whole " + std::to_string(whole_bytes) + ", bound " + std::to_string(bound));
+
+  pair.sharded_opt.gather_state(0);
+  bool gathered_ok = true;
+  if (world.rank() == 0) {
+    torch::serialize::OutputArchive out;
+    pair.sharded_opt.save(out);
+    std::ostringstream bytes;
+    out.save_to(bytes);
+    if (a.save) std::ofstream(a.file, std::ios::binary) << bytes.str();
+    // Into a plain optimizer over a third copy of the model.
+    torch::manual_seed(7);
+    Net third;
+    auto plain = factory(a.optimizer)(third->parameters());
+    torch::serialize::InputArchive in;
+    const auto text = bytes.str();
+    in.load_from(text.data(), text.size());
+    plain->load(in);
+    gathered_ok = same_states(*plain, unique_params(*third), *pair.plain_opt, unique_params(*pair.plain_model), what);
+  }
+  pair.sharded_opt.release_gathered_state();
+  world.group().barrier();
+  if (!gathered_ok) return report(world, "parity", false, "gathered state: " + what);
+  return report(world, "parity", true,
+                a.optimizer + " state bytes " + std::to_string(mine) + " of " + std::to_string(whole_bytes));
+}
+
+// Resumes from a whole state that a run of another world size gathered and saved
+// (parity --save): both copies start from the same weights and load the file, the
+// shards' states must add up to the whole one, and K more steps must stay bitwise
+// equal (Adam's step counts and moments, SGD's momentum, all decide the updates).
+int resume(World& world, const Args& a) {
+  Pair pair(world, a);
+  std::ifstream file(a.file, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (text.empty()) return report(world, "resume", false, "no state in " + a.file);
+  for (auto* o : std::initializer_list<torch::optim::Optimizer*>{pair.plain_opt.get(), &pair.sharded_opt}) {
+    torch::serialize::InputArchive in;
+    in.load_from(text.data(), text.size());
+    o->load(in);
+  }
+  const auto whole_bytes = cohort::zero::optimizer_state_bytes(*pair.plain_opt);
+  auto total = torch::tensor({pair.sharded_opt.local_state_bytes()}, torch::kLong);
+  world.group().all_reduce(total);
+  if (whole_bytes == 0 || total.item<std::int64_t>() != whole_bytes)
+    return report(world, "resume", false,
+                  "loaded state bytes " + std::to_string(total.item<std::int64_t>()) + " of " +
+                      std::to_string(whole_bytes));
+  for (int s = 0; s < a.steps; ++s) pair.step(100 + s, world);
+  std::string what;
+  if (!same_weights(*pair.plain_model, *pair.sharded_model, what)) return report(world, "resume", false, what);
+  return report(world, "resume", true, "continued " + std::to_string(a.steps) + " steps from " + a.file);
+}
+
+// With a GradScaler each: one rank's overflow in step 2 makes every rank skip it.
+int amp(World& world, const Args& a) {
+  Pair pair(world, a);
+  auto options = cohort::amp::GradScalerOptions().init_scale(1024).growth_interval(2);
+  cohort::amp::GradScaler plain_scaler(options, world.group()), sharded_scaler(options, world.group());
+  for (int s = 0; s < a.steps; ++s)
+    pair.step(s, world, &plain_scaler, &sharded_scaler, s == 2 && world.rank() == world.size() - 1);
+  std::string what;
+  bool ok = same_weights(*pair.plain_model, *pair.sharded_model, what);
+  ok = ok && plain_scaler.get_scale() == sharded_scaler.get_scale() && sharded_scaler.get_scale() < 1024 * 4;
+  return report(world, "amp", ok, ok ? "scale " + std::to_string(sharded_scaler.get_scale()) : what);
+}
+
+// Rank 1 asks for another bucket size: every rank refuses, none hangs.
+int mismatch(World& world, const Args& a) {
+  torch::manual_seed(7);
+  Net model;
+  try {
+    ShardedOptimizer opt(model->parameters(), world.group(), factory(a.optimizer),
+                         cohort::zero::ShardedOptimizerOptions().bucket_cap_bytes(world.rank() == 1 ? 1000 : 2000));
+  } catch (const cohort::ConfigError& e) {
+    return report(world, "mismatch", true, std::string("caught: ") + e.what());
+  }
+  return report(world, "mismatch", false, "no error was raised");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto args = parse(argc, argv);
+  torch::set_num_threads(1);
+  auto world = World::init();
+  if (args.scenario == "parity") return parity(world, args);
+  if (args.scenario == "resume") return resume(world, args);
+  if (args.scenario == "amp") return amp(world, args);
+  if (args.scenario == "mismatch") return mismatch(world, args);
+  std::cerr << "unknown scenario " << args.scenario << std::endl;
+  return 2;
+}
