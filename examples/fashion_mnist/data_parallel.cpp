@@ -1,5 +1,6 @@
 // The trainer's default strategy: the whole model on every rank under cohort's DDP.
 #include "cohort/ddp/distributed_data_parallel.h"
+#include "comm_hook.h"
 #include "whole_model.h"
 
 namespace fashion_mnist {
@@ -9,7 +10,15 @@ class DataParallel : public WholeModel {
  public:
   DataParallel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device)
       : WholeModel(o, world, device),
-        ddp_(model_, world.group(), cohort::ddp::DistributedDataParallelOptions().record_timings(true)) {}
+        hook_(o),
+        ddp_(model_, world.group(),
+             cohort::ddp::DistributedDataParallelOptions().record_timings(true).comm_hook(hook_.hook())) {}
+
+  void save_state(cohort::checkpoint::TrainingProgress& progress) override { hook_.save(progress, world_.group()); }
+  void restore_state(const cohort::checkpoint::TrainingProgress& progress) override {
+    hook_.restore(progress, world_.group());
+  }
+  nlohmann::json summary() override { return hook_.summary(); }
 
   double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                           cohort::trace::StepProfiler& profiler) override {
@@ -22,6 +31,7 @@ class DataParallel : public WholeModel {
   }
 
  private:
+  CommHookChoice hook_;
   cohort::ddp::DistributedDataParallel<FashionNet> ddp_;  // checks the replicas, broadcasts rank 0's weights
 };
 

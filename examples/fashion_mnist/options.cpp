@@ -73,6 +73,12 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
                  "One process, this many replicas of the model: on the CPU, or one per GPU with --device cuda "
                  "(DataParallel; DDP with one process per device is faster)")
       ->check(CLI::Range(1, 64));
+  std::string comm_hook = "allreduce";
+  app.add_option("--comm-hook", comm_hook,
+                 "How DDP reduces gradients: allreduce, fp16 or bf16 (compressed casts), or powersgd[:RANK] "
+                 "(low-rank, default rank 1; docs/ddp.md)");
+  app.add_option("--powersgd-start", o.powersgd_start, "Plain all-reduce steps before PowerSGD starts compressing")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--zero", o.zero,
                  "ZeRO stage: 0, the whole optimizer on every rank; 1, its state sharded over the ranks "
                  "(docs/zero.md)")
@@ -99,6 +105,21 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
            " stages, but the model has 4 layers with weights (conv1, conv2, fc1, fc2); use at most 4 in all");
   if (o.data_parallel_replicas > 1 && o.pipeline_stages > 1)
     refuse("--data-parallel-replicas and --pipeline-stages do not combine; use one or the other");
+  const auto colon = comm_hook.find(':');
+  o.comm_hook = comm_hook.substr(0, colon);
+  if (o.comm_hook != "allreduce" && o.comm_hook != "fp16" && o.comm_hook != "bf16" && o.comm_hook != "powersgd")
+    refuse("--comm-hook " + comm_hook + ": not one of allreduce, fp16, bf16, powersgd[:RANK]");
+  if (colon != std::string::npos) {
+    const auto rank = comm_hook.substr(colon + 1);
+    if (o.comm_hook != "powersgd" || rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos ||
+        rank.size() > 6 || std::stoll(rank) < 1)
+      refuse("--comm-hook " + comm_hook + ": only powersgd takes a rank, a whole number of at least 1 "
+             "(powersgd:2)");
+    o.powersgd_rank = std::stoll(rank);
+  }
+  if (o.comm_hook != "allreduce" && (o.pipeline_stages > 1 || o.data_parallel_replicas > 1))
+    refuse("--comm-hook applies to the DDP of plain data parallelism; it does not combine with --pipeline-stages "
+           "or --data-parallel-replicas yet");
   if (o.zero > 1)
     refuse("--zero " + std::to_string(o.zero) + ": gradient and parameter sharding (ZeRO-2 and 3) are not built "
            "yet; --zero 1 shards the optimizer's state (docs/zero.md)");

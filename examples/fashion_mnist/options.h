@@ -34,6 +34,9 @@ struct TrainerOptions {
   bool activation_checkpointing = false;  // recompute each stage's forward in backward
   int data_parallel_replicas = 1;  // >1: one process, this many replicas (cohort::dp)
   std::string amp = "off";  // bf16 | fp16 | off (docs/amp.md)
+  std::string comm_hook = "allreduce";  // allreduce | fp16 | bf16 | powersgd (docs/ddp.md)
+  std::int64_t powersgd_rank = 1;  // from --comm-hook powersgd:RANK
+  std::int64_t powersgd_start = 100;  // --powersgd-start: plain steps before compression
   int zero = 0;  // 0 | 1: the optimizer's state sharded over the ranks (docs/zero.md)
 };
 

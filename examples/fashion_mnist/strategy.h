@@ -49,6 +49,9 @@ class Strategy {
   virtual std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer(const TrainerOptions& o) = 0;
   virtual std::optional<cohort::checkpoint::Restored> resume(cohort::checkpoint::Checkpointer& checkpointer,
                                                              torch::optim::Optimizer& optimizer) = 0;
+  // Collective: the strategy's own state into a checkpoint (PowerSGD's), and back.
+  virtual void save_state(cohort::checkpoint::TrainingProgress&) {}
+  virtual void restore_state(const cohort::checkpoint::TrainingProgress&) {}
   // Collective: the whole model's state dict, on world rank 0 (empty elsewhere).
   virtual c10::Dict<std::string, at::Tensor> final_state() = 0;
   // Collective: the strategy's share of the final JSON line (rank 0 prints it).

@@ -102,6 +102,7 @@ int train(const TrainerOptions& o) {
     if (auto restored = strategy->resume(*checkpointer, *optimizer)) {
       progress = restored->progress;
       precision.restore(progress);
+      strategy->restore_state(progress);
       if (progress.sampler) sampler.load_state(*progress.sampler);
       if (lead) {
         std::cout << "resuming from " << restored->path << " (epoch " << progress.epoch + 1 << ", step "
@@ -147,6 +148,7 @@ int train(const TrainerOptions& o) {
     progress.epoch_step = epoch_step;
     progress.sampler = sampler.state();
     precision.save(progress);
+    strategy->save_state(progress);
     pause();
     checkpointer->save(strategy->model(), *optimizer, progress, device);
     resume();

@@ -327,13 +327,52 @@ TEST(Trainer, ZeroOneChangesNoWeightAndResumesAtAnotherWorldSize) {
   EXPECT_LT(max_difference(plain, resumed), 1e-5);
 }
 
-TEST(Trainer, ZeroFlagsThatCannotWorkExitTwo) {
+// --comm-hook powersgd (docs/ddp.md#powersgd): before its start iteration bitwise
+// the plain all-reduce; after it, fewer elements sent and other weights; stopped and
+// resumed from a checkpoint (error memories, warm-start Qs, generator), bitwise the
+// run never stopped.
+TEST(Trainer, PowerSgdBeforeItsStartIsBitwiseAllReduceAndTrainsAfter) {
+  TempDir dir("cohort-trainer");
+  const auto plain = dir.path + "/plain.pt", late = dir.path + "/late.pt", early = dir.path + "/early.pt",
+             resumed = dir.path + "/resumed.pt";
+  auto a = run_trainer(2, with(kQuick, {"--deterministic", "--save-final", plain}));
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  auto b = run_trainer(2, with(kQuick, {"--deterministic", "--comm-hook", "powersgd:2", "--powersgd-start", "1000",
+                                        "--save-final", late}));
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_TRUE(bitwise_equal(plain, late)) << "largest difference " << max_difference(plain, late);
+
+  const std::vector<std::string> powersgd = {"--deterministic", "--comm-hook", "powersgd:2", "--powersgd-start", "2"};
+  auto c = run_trainer(2, with(with(kQuick, powersgd), {"--save-final", early}));
+  ASSERT_EQ(c.exit_code, 0) << describe(c);
+  EXPECT_GT(max_difference(plain, early), 0) << "compression changed nothing";
+  auto number = [](const std::string& out, const std::string& key) {
+    auto at = out.find("\"" + key + "\":");
+    return at == std::string::npos ? -1LL : std::stoll(out.substr(at + key.size() + 3));
+  };
+  const auto sent = number(c.out, "elements_sent_last_step"), dense = number(c.out, "elements_of_plain_all_reduce");
+  EXPECT_GT(sent, 0) << c.out;
+  EXPECT_LT(sent * 4, dense) << c.out;
+
+  const auto ckpt = dir.path + "/ckpt";
+  auto first = run_trainer(2, with(with(kQuick, powersgd), {"--checkpoint-dir", ckpt, "--max-steps", "5"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  auto second = run_trainer(2, with(with(kQuick, powersgd), {"--checkpoint-dir", ckpt, "--save-final", resumed}));
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000005"), std::string::npos) << second.out;
+  EXPECT_TRUE(bitwise_equal(early, resumed)) << "largest difference " << max_difference(early, resumed);
+}
+
+TEST(Trainer, ZeroAndCommHookFlagsThatCannotWorkExitTwo) {
   for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero", "2"},
                                                                   {"--zero", "1", "--pipeline-stages", "2"},
-                                                                  {"--zero", "1", "--data-parallel-replicas", "2"}}) {
+                                                                  {"--zero", "1", "--data-parallel-replicas", "2"},
+                                                                  {"--comm-hook", "powersgd:0"},
+                                                                  {"--comm-hook", "fp16:2"},
+                                                                  {"--comm-hook", "zip"}}) {
     auto r = run_trainer(1, with(kQuick, extra));
     EXPECT_EQ(r.exit_code, 2) << describe(r);
-    EXPECT_NE(r.err.find("--zero"), std::string::npos) << describe(r);
+    EXPECT_NE(r.err.find(extra[0]), std::string::npos) << describe(r);
   }
 }
 

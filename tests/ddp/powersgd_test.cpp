@@ -1,0 +1,176 @@
+// PowerSGD (Note [PowerSGD step]) on hand-made buckets, with ranks as threads:
+// bitwise the plain all-reduce before its start iteration; the average within 1e-6
+// when the rank covers the matrices; nothing lost with error feedback (what was sent
+// plus what is remembered is what came in); (n + m) * r elements sent per matrix;
+// and its state through a checkpoint.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <mutex>
+
+#include "cohort/ddp/comm_hook.h"
+#include "cohort/ddp/powersgd_hook.h"
+#include "cohort/errors.h"
+#include "support/thread_world.h"
+
+namespace {
+using cohort::ddp::GradBucket;
+using cohort::ddp::PowerSGDOptions;
+
+// Shapes of one bucket's gradients: two matrices that compress, a bias that does not,
+// and a 4-d tensor viewed as 8 x 9.
+const std::vector<std::vector<std::int64_t>> kShapes = {{64, 32}, {16}, {8, 3, 3, 1}, {40, 24}};
+
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+// Rank `rank`'s gradients of `step`, divided by the world size as DDP hands them in.
+GradBucket make_bucket(int rank, int world, int step) {
+  std::int64_t total = 0;
+  for (const auto& s : kShapes) total += numel_of(s);
+  torch::manual_seed(100 * step + rank);
+  auto buffer = torch::randn({total}) / world;
+  std::vector<torch::Tensor> views;
+  std::int64_t offset = 0;
+  for (const auto& s : kShapes) {
+    views.push_back(buffer.narrow(0, offset, numel_of(s)).view(s));
+    offset += numel_of(s);
+  }
+  return GradBucket(0, true, buffer, views, world);
+}
+
+// The buckets of every rank, made before the threads start (manual_seed is global).
+std::vector<std::vector<GradBucket>> all_buckets(int world, int steps) {
+  std::vector<std::vector<GradBucket>> out(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r)
+    for (int s = 0; s < steps; ++s) out[static_cast<std::size_t>(r)].push_back(make_bucket(r, world, s));
+  return out;
+}
+
+torch::Tensor reduce(cohort::ddp::CommHook& hook, cohort::comm::Group& group, GradBucket& bucket) {
+  auto work = hook.start(group, bucket);
+  work.wait();
+  return bucket.buffer().clone();
+}
+
+TEST(PowerSgd, BeforeItsStartIterationItIsBitwiseThePlainAllReduce) {
+  constexpr int kWorld = 3, kSteps = 4;
+  auto mine = all_buckets(kWorld, kSteps), plain = all_buckets(kWorld, kSteps);
+  cohort::testing::run_thread_world(kWorld, [&](cohort::comm::World& world) {
+    const auto r = static_cast<std::size_t>(world.rank());
+    auto powersgd = cohort::ddp::powersgd_hook(PowerSGDOptions().start_powerSGD_iter(kSteps));
+    auto all_reduce = cohort::ddp::all_reduce_hook();
+    for (int s = 0; s < kSteps; ++s) {
+      auto a = reduce(*powersgd, world.group(), mine[r][s]);
+      auto b = reduce(*all_reduce, world.group(), plain[r][s]);
+      EXPECT_TRUE(torch::equal(a, b)) << "step " << s;
+      EXPECT_EQ(powersgd->last_step_traffic().compressed, 0);
+    }
+    EXPECT_EQ(powersgd->iteration(), kSteps);
+  });
+}
+
+TEST(PowerSgd, WithARankThatCoversTheMatricesItIsTheAverage) {
+  constexpr int kWorld = 2, kSteps = 3;
+  auto mine = all_buckets(kWorld, kSteps), plain = all_buckets(kWorld, kSteps);
+  cohort::testing::run_thread_world(kWorld, [&](cohort::comm::World& world) {
+    const auto r = static_cast<std::size_t>(world.rank());
+    // r = 64 >= min(n, m) of every matrix; compressed however little it saves.
+    auto powersgd = cohort::ddp::powersgd_hook(
+        PowerSGDOptions().start_powerSGD_iter(0).matrix_approximation_rank(64).min_compression_rate(0));
+    auto all_reduce = cohort::ddp::all_reduce_hook();
+    for (int s = 0; s < kSteps; ++s) {
+      auto a = reduce(*powersgd, world.group(), mine[r][s]);
+      auto b = reduce(*all_reduce, world.group(), plain[r][s]);
+      EXPECT_LT((a - b).abs().max().item<double>(), 1e-6) << "step " << s;
+      EXPECT_GT(powersgd->last_step_traffic().compressed, 0);
+    }
+  });
+}
+
+TEST(PowerSgd, ErrorFeedbackLosesNothingAndRankOneSendsNPlusMElements) {
+  constexpr int kWorld = 2, kSteps = 6;
+  auto buckets = all_buckets(kWorld, kSteps);
+  std::vector<torch::Tensor> inputs(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    inputs[r] = torch::zeros_like(buckets[r][0].buffer());
+    for (auto& b : buckets[r]) inputs[r] += b.buffer();  // before the hook changes them
+  }
+  cohort::testing::run_thread_world(kWorld, [&](cohort::comm::World& world) {
+    const auto r = static_cast<std::size_t>(world.rank());
+    auto powersgd = cohort::ddp::powersgd_hook(PowerSGDOptions().start_powerSGD_iter(0));
+    auto sent = torch::zeros_like(inputs[r]);
+    for (int s = 0; s < kSteps; ++s) sent += reduce(*powersgd, world.group(), buckets[r][s]);
+    // Each step: e_t = (g_t + e_{t-1}) - out_t, so the outputs and the last error
+    // add up to the inputs: compression delays, never drops.
+    auto error = powersgd->error_memory(0);
+    ASSERT_TRUE(error.defined());
+    EXPECT_GT(error.abs().max().item<double>(), 1e-3) << "rank 1 cannot be exact here";
+    EXPECT_LT((sent + error - inputs[r]).abs().max().item<double>(), 1e-4);
+    // Rank 1: (64 + 32) + (8 + 9) + (40 + 24) elements; the bias whole.
+    const auto& t = powersgd->last_step_traffic();
+    EXPECT_EQ(t.compressed, (64 + 32) + (8 + 9) + (40 + 24));
+    EXPECT_EQ(t.uncompressed, 16);
+    EXPECT_EQ(t.dense, 64 * 32 + 16 + 72 + 40 * 24);
+  });
+}
+
+TEST(PowerSgd, MinCompressionRateDecidesWhatIsCompressed) {
+  constexpr int kWorld = 2;
+  auto buckets = all_buckets(kWorld, 1);
+  cohort::testing::run_thread_world(kWorld, [&](cohort::comm::World& world) {
+    const auto r = static_cast<std::size_t>(world.rank());
+    // r = 4: 64x32 sends 384 of 2048 (rate 5.3), 40x24 256 of 960 (3.75), 8x9 68 of 72.
+    auto powersgd = cohort::ddp::powersgd_hook(
+        PowerSGDOptions().start_powerSGD_iter(0).matrix_approximation_rank(4).min_compression_rate(4));
+    reduce(*powersgd, world.group(), buckets[r][0]);
+    EXPECT_EQ(powersgd->last_step_traffic().compressed, (64 + 32) * 4);
+    EXPECT_EQ(powersgd->last_step_traffic().uncompressed, 16 + 72 + 960);
+  });
+}
+
+// A hook restored from another hook's state continues bitwise as the original does.
+TEST(PowerSgd, ItsStateGoesThroughACheckpoint) {
+  constexpr int kWorld = 2, kSteps = 5;
+  auto straight = all_buckets(kWorld, kSteps), resumed = all_buckets(kWorld, kSteps);
+  cohort::testing::run_thread_world(kWorld, [&](cohort::comm::World& world) {
+    const auto r = static_cast<std::size_t>(world.rank());
+    const auto options = PowerSGDOptions().start_powerSGD_iter(1).random_seed(9);
+    auto a = cohort::ddp::powersgd_hook(options);
+    auto b = cohort::ddp::powersgd_hook(options);
+    for (int s = 0; s < 3; ++s) {
+      reduce(*a, world.group(), straight[r][s]);
+      reduce(*b, world.group(), resumed[r][s]);
+    }
+    auto saved = b->state_dict(world.group());
+    EXPECT_TRUE(saved.count("error.0.0") && saved.count("error.0.1") && saved.count("q.0.0"));
+    auto c = cohort::ddp::powersgd_hook(options);
+    EXPECT_TRUE(c->load_state_dict(saved, world.group()));
+    EXPECT_EQ(c->iteration(), 3);
+    for (int s = 3; s < kSteps; ++s) {
+      auto x = reduce(*a, world.group(), straight[r][s]);
+      auto y = reduce(*c, world.group(), resumed[r][s]);
+      EXPECT_TRUE(torch::equal(x, y)) << "step " << s;
+    }
+  });
+}
+
+TEST(PowerSgd, BadOptionsAreRefused) {
+  EXPECT_THROW(cohort::ddp::powersgd_hook(PowerSGDOptions().matrix_approximation_rank(0)), cohort::ConfigError);
+  EXPECT_THROW(cohort::ddp::powersgd_hook(PowerSGDOptions().min_compression_rate(-1)), cohort::ConfigError);
+}
+
+TEST(PowerSgd, OrthogonalizedColumnsAreOrthonormal) {
+  torch::manual_seed(1);
+  auto m = torch::randn({50, 4});
+  cohort::ddp::orthogonalize_columns(m, 0);
+  EXPECT_TRUE(torch::allclose(torch::matmul(m.t(), m), torch::eye(4), 1e-5, 1e-5));
+  auto zero = torch::zeros({5, 2});
+  cohort::ddp::orthogonalize_columns(zero, 0);
+  EXPECT_FALSE(zero.isnan().any().item<bool>());
+}
+
+}  // namespace
