@@ -9,10 +9,6 @@ namespace {
 
 constexpr char kStateKey[] = "powersgd";
 
-// PowerSGD starts after this many plain steps, as PyTorch's default of 1000 would
-// never start in a short run; a tenth of the usual warm-up.
-constexpr std::int64_t kStartIteration = 100;
-
 }  // namespace
 
 CommHookChoice::CommHookChoice(const TrainerOptions& o) : name_(o.comm_hook) {

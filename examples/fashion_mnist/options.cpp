@@ -77,8 +77,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--comm-hook", comm_hook,
                  "How DDP reduces gradients: allreduce, fp16 or bf16 (compressed casts), or powersgd[:RANK] "
                  "(low-rank, default rank 1; docs/ddp.md)");
-  app.add_option("--powersgd-start", o.powersgd_start, "Plain all-reduce steps before PowerSGD starts compressing")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--powersgd-start", o.powersgd_start,
+                 "Plain all-reduce steps before PowerSGD starts compressing (at least 2: DDP rebuilds its buckets "
+                 "after the first)")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40));
   app.add_option("--zero", o.zero,
                  "ZeRO stage: 0, the whole optimizer on every rank; 1, its state sharded over the ranks "
                  "(docs/zero.md)")

@@ -64,16 +64,23 @@ TEST(Zero, EveryRankSkipsTheStepInWhichOneRankOverflowed) {
   expect_every_rank(3, {"amp", "--optimizer", "adam", "--steps", "5"}, "amp");
 }
 
-TEST(Zero, MismatchedOptionsAreRefusedOnEveryRank) {
-  auto r = run_zero(3, {"mismatch"});
-  ASSERT_FALSE(r.timed_out) << describe(r);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  for (int rank = 0; rank < 3; ++rank)
-    EXPECT_NE(r.out.find("[rank" + std::to_string(rank) + "]: mismatch ok rank " + std::to_string(rank)),
-              std::string::npos)
-        << describe(r);
-  EXPECT_NE(r.out.find("ShardedOptimizerOptions::bucket_cap_bytes"), std::string::npos) << describe(r);
-  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << describe(r);
+// Rank 1 differs (its bucket size, its learning rate, or it has no factory): every
+// rank refuses in the constructor's replica check, with the difference, and none hangs.
+TEST(Zero, MismatchedSettingsAreRefusedOnEveryRank) {
+  for (const auto& [what, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"cap", "ShardedOptimizerOptions::bucket_cap_bytes"},
+           {"lr", "the optimizer's settings"},
+           {"factory", "the optimizer's settings"}}) {
+    auto r = run_zero(3, {"mismatch", "--optimizer", "adam", "--file", what});
+    ASSERT_FALSE(r.timed_out) << describe(r);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    for (int rank = 0; rank < 3; ++rank)
+      EXPECT_NE(r.out.find("[rank" + std::to_string(rank) + "]: mismatch ok rank " + std::to_string(rank)),
+                std::string::npos)
+          << describe(r);
+    EXPECT_NE(r.out.find(expect), std::string::npos) << what << "\n" << describe(r);
+    EXPECT_NE(r.out.find("differ from rank 0: 1"), std::string::npos) << what << "\n" << describe(r);
+  }
 }
 
 }  // namespace

@@ -39,6 +39,13 @@ store::Certificates TestPki::issue(const std::string& host) {
   return store::Certificates{ca_file_, base + ".pem", base + ".key"};
 }
 
+std::string TestPki::encrypted_key() {
+  const std::string path = dir_.path + "/encrypted.key";
+  openssl({"genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-aes256", "-pass", "pass:secret",
+           "-out", path});
+  return path;
+}
+
 std::map<std::string, std::string> TestPki::variables(const store::Certificates& c) {
   return {{store::kCaVariable, c.ca_file}, {store::kCertVariable, c.cert_file}, {store::kKeyVariable, c.key_file}};
 }

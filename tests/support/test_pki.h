@@ -18,6 +18,8 @@ class TestPki {
   // A certificate for `host`, signed by this CA, with its key: what a host of the
   // job is given.
   store::Certificates issue(const std::string& host);
+  // A private key under a passphrase ("secret").
+  std::string encrypted_key();
   // The COHORT_STORE_TLS_* variables for `certificates`.
   static std::map<std::string, std::string> variables(const store::Certificates& certificates);
 

@@ -70,7 +70,7 @@ TEST(ZeroShardedOptimizer, SavingWithoutGatheringFirstSaysWhatToDo) {
     auto w = torch::zeros({4, 4}, torch::requires_grad());
     auto b = torch::zeros({4}, torch::requires_grad());
     cohort::zero::ShardedOptimizer opt({w, b, w}, world.group(), sgd());
-    EXPECT_EQ(opt.parameters().size(), 2u) << "a parameter given twice counts once";
+    EXPECT_EQ(opt.param_groups()[0].params().size(), 2u) << "a parameter given twice counts once";
     EXPECT_EQ(opt.owner(0), 0);
     EXPECT_EQ(opt.owner(1), 1);
     torch::serialize::OutputArchive archive;
@@ -92,15 +92,16 @@ TEST(ZeroShardedOptimizer, ASchedulersLearningRateReachesEveryShard) {
       return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1.0));
     });
     torch::optim::StepLR schedule(opt, /*step_size=*/1, /*gamma=*/0.5);
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < 3; ++s) {
       opt.zero_grad();
       (w.sum() + b.sum()).backward();
       opt.step();
       schedule.step();
     }
-    // 1 - 1.0 - 0.5 on every element of both, whoever owns them.
-    EXPECT_TRUE(torch::allclose(w, torch::full({8}, -0.5))) << w;
-    EXPECT_TRUE(torch::allclose(b, torch::full({8}, -0.5))) << b;
+    // LibTorch's StepLR leaves its first step() alone: the steps ran at 1, 1 and 0.5,
+    // so 1 - 1 - 1 - 0.5 on every element of both, whoever owns them.
+    EXPECT_TRUE(torch::allclose(w, torch::full({8}, -1.5))) << w;
+    EXPECT_TRUE(torch::allclose(b, torch::full({8}, -1.5))) << b;
     EXPECT_DOUBLE_EQ(opt.lr(), 0.25);
   });
 }
@@ -112,6 +113,11 @@ TEST(ZeroShardedOptimizer, ABadBucketCapOrFactoryIsRefused) {
                                                 cohort::zero::ShardedOptimizerOptions().bucket_cap_bytes(0)),
                  cohort::ConfigError);
     EXPECT_THROW(cohort::zero::ShardedOptimizer({w}, world.group(), nullptr), cohort::ConfigError);
+    EXPECT_THROW(cohort::zero::ShardedOptimizer({w}, world.group(),
+                                                [](std::vector<torch::Tensor> p) {
+                                                  return std::make_unique<torch::optim::LBFGS>(p);
+                                                }),
+                 cohort::ConfigError);
   });
 }
 

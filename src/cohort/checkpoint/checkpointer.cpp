@@ -130,7 +130,7 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
   }
   // An optimizer spread over the ranks (ZeRO) gathers its state to rank 0 first.
   const auto* spread = dynamic_cast<const GathersStateForSave*>(&optimizer);
-  if (spread) spread->gather_state(0);
+  if (spread) spread->gather_state_for_save(group_.global_ranks()[0]);
   struct Release {
     const GathersStateForSave* spread;
     ~Release() {

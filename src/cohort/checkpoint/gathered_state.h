@@ -8,9 +8,10 @@ namespace cohort::checkpoint {
 class GathersStateForSave {
  public:
   virtual ~GathersStateForSave() = default;
-  // Collective: afterwards rank `to`'s save() writes the whole state, as one
-  // optimizer over every parameter would hold it.
-  virtual void gather_state(int to) const = 0;
+  // Collective over the optimizer's ranks: afterwards save() on the process of
+  // global rank `writer` writes the whole state, as one optimizer over every
+  // parameter would hold it. A failure there is raised by that save().
+  virtual void gather_state_for_save(int writer) const = 0;
   // Frees what gather_state() brought to this rank.
   virtual void release_gathered_state() const = 0;
 };

@@ -37,9 +37,9 @@ namespace cohort::ddp {
 class GradBucket {
  public:
   GradBucket(std::size_t index, bool is_last, at::Tensor buffer, std::vector<at::Tensor> gradients,
-             double divisor)
+             double divisor, std::vector<std::size_t> parameters = {})
       : index_(index), is_last_(is_last), buffer_(std::move(buffer)), gradients_(std::move(gradients)),
-        divisor_(divisor) {}
+        divisor_(divisor), parameters_(std::move(parameters)) {}
   // Buckets are numbered in launch order; 0 is reduced first.
   std::size_t index() const { return index_; }
   bool is_last() const { return is_last_; }
@@ -48,6 +48,10 @@ class GradBucket {
   at::Tensor& buffer() { return buffer_; }
   // Views of buffer(), one per parameter, shaped like the parameter.
   const std::vector<at::Tensor>& gradients() const { return gradients_; }
+  // The position of each gradient's parameter in the model's parameter list: stable
+  // when DDP rebuilds its buckets, so per-parameter state (PowerSGD's) is keyed by
+  // it. Empty for a bucket made by hand; then gradient i counts as parameter i.
+  const std::vector<std::size_t>& parameters() const { return parameters_; }
   // What buffer() has been divided by: the world size, or under a join with
   // divide_by_initial_world_size(false) the number of ranks that have not joined.
   double divisor() const { return divisor_; }
@@ -58,6 +62,7 @@ class GradBucket {
   at::Tensor buffer_;
   std::vector<at::Tensor> gradients_;
   double divisor_;
+  std::vector<std::size_t> parameters_;
 };
 
 // A hook's communication in flight: pending collectives, then a step that runs

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -16,22 +17,41 @@ namespace {
 struct Split {
   std::vector<at::Tensor> matrices;  // n x m views into the bucket
   std::vector<std::int64_t> ranks;   // r of each
+  std::vector<std::size_t> owners;   // the parameter of each
   std::vector<at::Tensor> plain;     // views into the bucket, all-reduced whole
 };
 
-Split split(const GradBucket& bucket, const PowerSGDOptions& o) {
+// The model's index of the bucket's i-th gradient (i itself for a bucket by hand).
+std::size_t parameter_of(const GradBucket& bucket, std::size_t i) {
+  return bucket.parameters().empty() ? i : bucket.parameters().at(i);
+}
+
+Split split(GradBucket& bucket, const PowerSGDOptions& o) {
   Split s;
-  for (const auto& g : bucket.gradients()) {
+  const at::Tensor& bucket_bytes = bucket.buffer();
+  for (std::size_t i = 0; i < bucket.gradients().size(); ++i) {
+    const auto& g = bucket.gradients()[i];
     if (g.dim() <= 1) {
       s.plain.push_back(g);
       continue;
     }
     const auto n = g.size(0), m = g.numel() / std::max<std::int64_t>(n, 1);
     const auto r = std::min({n, m, o.matrix_approximation_rank()});
+    // The matrix over the gradient's own bytes in the bucket. A channels-last weight
+    // keeps its first dimension outermost, so its bytes are the n x m matrix with
+    // the columns permuted, which changes no low-rank approximation; a layout whose
+    // first dimension is not outermost travels whole.
+    at::Tensor matrix;
+    if (g.is_contiguous())
+      matrix = g.view({n, m});
+    else if (g.is_non_overlapping_and_dense() && g.stride(0) == m)
+      matrix = bucket_bytes.narrow(0, g.storage_offset() - bucket_bytes.storage_offset(), g.numel()).view({n, m});
     // PyTorch's rule: compress only when it shrinks the matrix by the rate.
-    if (static_cast<double>((n + m) * r) * o.min_compression_rate() < static_cast<double>(n * m)) {
-      s.matrices.push_back(g.view({n, m}));
+    if (matrix.defined() &&
+        static_cast<double>((n + m) * r) * o.min_compression_rate() < static_cast<double>(n * m)) {
+      s.matrices.push_back(matrix);
       s.ranks.push_back(r);
+      s.owners.push_back(parameter_of(bucket, i));
     } else {
       s.plain.push_back(g);
     }
@@ -55,20 +75,27 @@ void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& parts) {
 
 }  // namespace
 
-void orthogonalize_columns(at::Tensor& matrix, double epsilon) {
+void orthogonalize_columns(at::Tensor& matrix_in, double epsilon) {
+  // In double precision: Gram-Schmidt loses orthogonality as eps times the square of
+  // the matrix's condition, about 1e-5 in float32 for a random 64 x 32 matrix. P and
+  // Q are thin (r columns), so this costs little.
+  auto matrix = matrix_in.to(at::kDouble);
   const auto r = matrix.size(1);
   for (std::int64_t i = 0; i < r; ++i) {
     auto col = matrix.narrow(1, i, 1);
     const auto norm = col.norm();
-    if (epsilon == 0 && norm.item<double>() == 0)
-      col.zero_();  // PyTorch recovers the NaNs of 0/0 as zeros
+    if (epsilon == 0)
+      // A zero column stays zero (PyTorch would make it NaN), without reading the
+      // norm back to the host: no device sync per column.
+      col.copy_(at::where(norm == 0, at::zeros_like(col), col / norm));
     else
-      col.div_(epsilon == 0 ? norm : norm + epsilon);
+      col.div_(norm + epsilon);
     if (i + 1 < r) {
       auto rest = matrix.narrow(1, i + 1, r - i - 1);
       rest.sub_((col * rest).sum(0, /*keepdim=*/true) * col);
     }
   }
+  matrix_in.copy_(matrix);
 }
 
 PowerSGDHook::PowerSGDHook(PowerSGDOptions options)
@@ -80,6 +107,12 @@ PowerSGDHook::PowerSGDHook(PowerSGDOptions options)
       options_.orthogonalization_epsilon() < 0)
     throw ConfigError("cohort PowerSGD: start_powerSGD_iter, min_compression_rate and orthogonalization_epsilon "
                       "must not be negative");
+  // As PyTorch: DDP rebuilds its buckets after the first step, and the memories are
+  // kept per bucket, so compression may start at the third step at the earliest.
+  if (options_.start_powerSGD_iter() <= 1 && (options_.use_error_feedback() || options_.warm_start()))
+    throw ConfigError(fmt::format("cohort PowerSGD: start_powerSGD_iter {} with error feedback or warm start: "
+                                  "DDP rebuilds its buckets after the first step, so it must be at least 2",
+                                  options_.start_powerSGD_iter()));
 }
 
 at::Tensor PowerSGDHook::error_memory(std::size_t index) const {
@@ -103,17 +136,24 @@ BucketWork PowerSGDHook::start(comm::Group& group, GradBucket& bucket) {
     if (group.size() == 1) return BucketWork();
     return BucketWork(group.all_reduce_async(buffer));
   }
+  device_ = buffer.device();
 
-  // A std::map's nodes stay put: the pointer is safe in the final step below.
-  Memory* memory_ptr = &memory_[bucket.index()];
-  auto& memory = *memory_ptr;
-  at::Tensor input;
+  // Memories per parameter (Note [PowerSGD step]); a std::map's nodes stay put, so
+  // the pointers hold in the final step below. A shape that changed starts afresh.
+  const auto& gradients = bucket.gradients();
+  std::vector<Memory*> memories;
+  for (std::size_t i = 0; i < gradients.size(); ++i) {
+    Memory& m = memory_[parameter_of(bucket, i)];
+    if (m.shape != gradients[i].sizes().vec()) m = Memory{{}, {}, gradients[i].sizes().vec()};
+    memories.push_back(&m);
+  }
+  auto inputs = std::make_shared<std::vector<at::Tensor>>();
   if (options_.use_error_feedback()) {
-    if (memory.error.defined() && memory.error.sizes() == buffer.sizes())
-      buffer.add_(memory.error.to(buffer.options()));
-    else
-      memory.error = at::zeros_like(buffer);
-    input = buffer.clone();
+    for (std::size_t i = 0; i < gradients.size(); ++i) {
+      auto g = gradients[i];
+      if (memories[i]->error.defined()) g.add_(memories[i]->error.to(g.options()));
+      inputs->push_back(g.clone());
+    }
   }
   auto s = std::make_shared<Split>(split(bucket, options_));
   std::vector<comm::Pending> pending;
@@ -123,24 +163,21 @@ BucketWork PowerSGDHook::start(comm::Group& group, GradBucket& bucket) {
     current_.uncompressed += plain.numel();
     pending.push_back(group.all_reduce_async(plain));
   }
-  // Qs: last step's (warm start) when their shapes still fit, else fresh.
-  bool fresh = !options_.warm_start() || memory.qs.size() != s->matrices.size();
-  for (std::size_t i = 0; !fresh && i < s->matrices.size(); ++i) {
-    fresh = memory.qs[i].size(0) != s->matrices[i].size(1) || memory.qs[i].size(1) != s->ranks[i];
-    memory.qs[i] = memory.qs[i].to(buffer.options());  // loaded from a checkpoint: on the CPU
-  }
-  if (fresh) {
-    memory.qs.clear();
-    for (std::size_t i = 0; i < s->matrices.size(); ++i) {
-      auto q = at::randn({s->matrices[i].size(1), s->ranks[i]}, generator_, at::TensorOptions().dtype(at::kFloat))
-                   .to(buffer.options());
-      orthogonalize_columns(q, options_.orthogonalization_epsilon());
-      memory.qs.push_back(q);
-    }
+  // Each matrix's Q: last step's (warm start) while its shape fits, else fresh; then
+  // orthogonalised, as PyTorch does.
+  std::vector<at::Tensor> qs;
+  for (std::size_t i = 0; i < s->matrices.size(); ++i) {
+    auto& q = memory_[s->owners[i]].q;
+    const bool fits = q.defined() && q.size(0) == s->matrices[i].size(1) && q.size(1) == s->ranks[i];
+    if (!options_.warm_start() || !fits)
+      q = at::randn({s->matrices[i].size(1), s->ranks[i]}, generator_, at::TensorOptions().dtype(at::kFloat));
+    q = q.to(buffer.options());  // a fresh one, or one loaded from a checkpoint, is on the CPU
+    orthogonalize_columns(q, options_.orthogonalization_epsilon());
+    qs.push_back(q);
   }
   auto ps = std::make_shared<std::vector<at::Tensor>>();
   for (std::size_t i = 0; i < s->matrices.size(); ++i) {
-    ps->push_back(at::matmul(s->matrices[i], memory.qs[i]));
+    ps->push_back(at::matmul(s->matrices[i], qs[i]));
     current_.compressed += (s->matrices[i].size(0) + s->matrices[i].size(1)) * s->ranks[i];
   }
   at::Tensor flat_p = ps->empty() ? at::Tensor() : flatten(*ps);
@@ -149,10 +186,9 @@ BucketWork PowerSGDHook::start(comm::Group& group, GradBucket& bucket) {
 
   auto handle = group;  // a handle: the second all-reduce runs when DDP waits
   const double epsilon = options_.orthogonalization_epsilon();
-  const bool error_feedback = options_.use_error_feedback();
-  return BucketWork(std::move(pending), [memory_ptr, s, ps, plain, flat_p, buffer, input, handle, epsilon,
-                                         error_feedback]() mutable {
-    auto& memory = *memory_ptr;
+  const double divisor = bucket.divisor();
+  return BucketWork(std::move(pending), [this, memories, gradients, inputs, s, ps, plain, flat_p, handle, epsilon,
+                                         divisor]() mutable {
     if (plain.defined()) unflatten_into(plain, s->plain);
     if (flat_p.defined()) {
       unflatten_into(flat_p, *ps);
@@ -164,10 +200,15 @@ BucketWork PowerSGDHook::start(comm::Group& group, GradBucket& bucket) {
       auto flat_q = flatten(qs);
       handle.all_reduce(flat_q);
       unflatten_into(flat_q, qs);
-      for (std::size_t i = 0; i < ps->size(); ++i) s->matrices[i].copy_(at::matmul((*ps)[i], qs[i].t()));
-      memory.qs = qs;
+      for (std::size_t i = 0; i < ps->size(); ++i) {
+        s->matrices[i].copy_(at::matmul((*ps)[i], qs[i].t()));
+        memory_[s->owners[i]].q = qs[i];
+      }
     }
-    if (error_feedback) memory.error = input - buffer;
+    // PyTorch keeps (g + e) - average; in the bucket's divided units that is
+    // x - (the reduced gradient) / divisor.
+    for (std::size_t i = 0; i < inputs->size(); ++i)
+      memories[i]->error = ((*inputs)[i] - gradients[i] / divisor).contiguous();  // a channels-last one too
   });
 }
 
@@ -176,13 +217,17 @@ std::map<std::string, at::Tensor> PowerSGDHook::state_dict(comm::Group& group) c
   out["iteration"] = at::tensor({iteration_}, at::kLong);
   out["world_size"] = at::tensor({static_cast<std::int64_t>(group.size())}, at::kLong);
   out["generator"] = generator_.get_state();
-  for (const auto& [index, memory] : memory_) {
-    for (std::size_t i = 0; i < memory.qs.size(); ++i) out[fmt::format("q.{}.{}", index, i)] = memory.qs[i].cpu();
+  auto device = device_;
+  if (group.backend_name() == "nccl" && !device.is_cuda()) device = c10::Device(c10::kCUDA);
+  for (const auto& [parameter, memory] : memory_) {
+    out[fmt::format("shape.{}", parameter)] = at::tensor(memory.shape, at::kLong);
+    if (memory.q.defined()) out[fmt::format("q.{}", parameter)] = memory.q.cpu();
     if (!memory.error.defined()) continue;
-    // Every rank's error memory: the same collectives on every rank, since buckets
-    // and their compressed steps are the same everywhere.
-    auto errors = group.all_gather(memory.error);
-    for (std::size_t r = 0; r < errors.size(); ++r) out[fmt::format("error.{}.{}", index, r)] = errors[r].cpu();
+    // Every rank's error memory: the same collectives on every rank, since the
+    // parameters and their compressed steps are the same everywhere. On the
+    // buckets' device (NCCL gathers nothing else), also right after a load.
+    auto errors = group.all_gather(memory.error.to(device).contiguous());
+    for (std::size_t r = 0; r < errors.size(); ++r) out[fmt::format("error.{}.{}", parameter, r)] = errors[r].cpu();
   }
   return out;
 }
@@ -201,14 +246,14 @@ bool PowerSGDHook::load_state_dict(const std::map<std::string, at::Tensor>& stat
   const bool same_world = get("world_size").item<std::int64_t>() == group.size();
   memory_.clear();
   for (const auto& [key, tensor] : state) {
-    unsigned long index = 0, i = 0;
-    if (std::sscanf(key.c_str(), "q.%lu.%lu", &index, &i) == 2) {
-      auto& qs = memory_[index].qs;
-      if (qs.size() <= i) qs.resize(i + 1);
-      qs[i] = tensor.clone();
-    } else if (same_world && std::sscanf(key.c_str(), "error.%lu.%lu", &index, &i) == 2 &&
-               static_cast<int>(i) == group.rank()) {
-      memory_[index].error = tensor.clone();
+    unsigned long parameter = 0, rank = 0;
+    if (std::sscanf(key.c_str(), "error.%lu.%lu", &parameter, &rank) == 2) {
+      if (same_world && static_cast<int>(rank) == group.rank()) memory_[parameter].error = tensor.clone();
+    } else if (std::sscanf(key.c_str(), "shape.%lu", &parameter) == 1) {
+      auto shape = tensor.to(at::kLong).contiguous();
+      memory_[parameter].shape.assign(shape.data_ptr<std::int64_t>(), shape.data_ptr<std::int64_t>() + shape.numel());
+    } else if (std::sscanf(key.c_str(), "q.%lu", &parameter) == 1) {
+      memory_[parameter].q = tensor.clone();
     }
   }
   return same_world;

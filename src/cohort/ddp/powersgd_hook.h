@@ -18,10 +18,16 @@
 //     min_compression_rate, are all-reduced whole, in one flat tensor.
 //  3. Every other gradient is viewed as a matrix M (n x m: its first dimension by
 //     the rest). Q (m x r) is random (the same generator on every rank, seeded by
-//     random_seed) and orthogonalised, or, with warm_start, last step's Q. P = M Q
+//     random_seed), or with warm_start last step's Q; either is orthogonalised. P = M Q
 //     is all-reduced (all of the bucket's Ps in one tensor), then orthogonalised;
 //     Q = M^T P is all-reduced likewise; the bucket's M becomes P Q^T.
-//  4. With error feedback, e = x - (what the bucket now holds).
+//  4. With error feedback, e = x - (what the bucket now holds) / divisor: PyTorch's
+//     (g + e) - average, in the bucket's divided units.
+// The memories (e and Q) are kept per parameter (GradBucket::parameters()), not per
+// bucket as in PyTorch: DDP rebuilds its buckets after the first step, and a resumed
+// run starts from the first plan again, so only the parameter finds its memory in
+// both. A parameter whose shape changed starts afresh. start_powerSGD_iter must
+// still be at least 2 with error feedback or warm start, as PyTorch requires.
 // The bucket arrives divided by the world size (Note [Divide on the way in]), so
 // the sums are averages; r is min(n, m, matrix_approximation_rank). The second
 // all-reduce depends on the first: it runs when DDP waits for the bucket, at the end
@@ -73,8 +79,9 @@ class PowerSGDHook : public CommHook {
     std::int64_t dense = 0;
   };
   const Traffic& last_step_traffic() const { return traffic_; }
-  // Bucket `index`'s error memory (undefined before its first compressed step).
-  at::Tensor error_memory(std::size_t index) const;
+  // The error memory of the model's parameter `parameter` (GradBucket::parameters()),
+  // shaped like its gradient; undefined before its first compressed step.
+  at::Tensor error_memory(std::size_t parameter) const;
 
   // Collective over `group` (DDP's): the hook's state for a checkpoint, every rank's
   // error memories included, identical on every rank.
@@ -85,14 +92,18 @@ class PowerSGDHook : public CommHook {
   bool load_state_dict(const std::map<std::string, at::Tensor>& state, comm::Group& group);
 
  private:
+  // Per parameter (GradBucket::parameters()), so that DDP's rebuilt buckets and a
+  // resumed run find them.
   struct Memory {
-    at::Tensor error;
-    std::vector<at::Tensor> qs;
+    at::Tensor error;  // shaped like the gradient
+    at::Tensor q;      // last step's Q, when the gradient was compressed
+    std::vector<std::int64_t> shape;  // the gradient's, which they were made for
   };
   PowerSGDOptions options_;
   std::int64_t iteration_ = 0;
   at::Generator generator_;
   std::map<std::size_t, Memory> memory_;
+  c10::Device device_ = c10::kCPU;  // the buckets'; where the memories are gathered
   Traffic traffic_, current_;
 };
 

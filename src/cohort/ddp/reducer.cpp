@@ -293,7 +293,8 @@ void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     auto& bucket = buckets_[next_bucket_];
     bucket.in_flight = std::make_shared<GradBucket>(next_bucket_, next_bucket_ + 1 == buckets_.size(),
-                                                    bucket.buffer, bucket.views, divisor_);
+                                                    bucket.buffer, bucket.views, divisor_,
+                                                    plan_.buckets[next_bucket_].params);
     bucket.work = hook_->start(group_, *bucket.in_flight);
     bucket.launched = true;
     if (timed_) timings_.buckets[next_bucket_].launched_s = elapsed();

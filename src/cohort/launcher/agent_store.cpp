@@ -11,6 +11,7 @@
 #include <set>
 
 #include "cohort/launcher/refusal_report.h"
+#include "cohort/store/tls.h"
 #include "cohort/store/store_client.h"
 
 namespace cohort::launcher {
@@ -151,7 +152,10 @@ bool is_local_host(const std::string& host) {
 
 store::Certificates resolve_certificates(const comm::EnvMap& env) {
   try {
-    return store::certificates_from(env);
+    auto certificates = store::certificates_from(env);
+    // Loaded once here, so that a bad file is named before any port is tried.
+    if (certificates.enabled()) store::tls::Context check(store::tls::Role::kServer, "check", certificates);
+    return certificates;
   } catch (const ConfigError& e) {
     throw UsageError(e.what());
   }

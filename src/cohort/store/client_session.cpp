@@ -26,9 +26,10 @@ using net::Clock;
 // certificates: say so, rather than OpenSSL's reason alone.
 void check_certificate_modes(const tls::Context& context, const tls::Session& session, const std::string& where) {
   if (!context.with_certificates() && session.peer_has_certificate())
-    throw ConfigError(fmt::format("cohort: the store at {} runs with certificates (mutual TLS), this peer without: "
-                                  "{}\n  fix: set COHORT_STORE_TLS_CA, _CERT and _KEY here as on the host of the "
-                                  "store (docs/store_security.md)",
+    throw ConfigError(fmt::format("cohort: the server at {} showed a certificate ({}): it is a store that runs with "
+                                  "certificates (mutual TLS) while this peer has none, or it is not cohort's "
+                                  "store\n  fix: set COHORT_STORE_TLS_CA, _CERT and _KEY here as on the host of the "
+                                  "store (docs/store_security.md), or check the address and port",
                                   where, session.error()));
   if (context.with_certificates() && !session.peer_has_certificate())
     throw ConfigError(fmt::format("cohort: the TLS handshake with the store at {} failed ({}); this peer has "
@@ -91,8 +92,21 @@ std::unique_ptr<tls::Session> handshake_over(const tls::Context& context, int fd
   std::uint8_t header[kFrameHeaderSize];
   auto io = session->write_all(probe.data(), probe.size(), deadline);
   if (io == net::Io::kDone) io = session->read_exact(header, sizeof header, deadline);
-  Bytes reply(io == net::Io::kDone ? std::min(framed_size(header), kMaxFramePayload) : 0);
+  // The first reply is small: NUM_KEYS's, or the server's proof (or an error).
+  constexpr std::size_t kFirstReplyBytes = 64 * 1024;
+  if (io == net::Io::kDone && framed_size(header) > kFirstReplyBytes)
+    throw CommError(fmt::format("cohort: the store at {} announced a first reply of {} bytes; run the same cohort "
+                                "on every host of the job",
+                                where, framed_size(header)));
+  Bytes reply(io == net::Io::kDone ? framed_size(header) : 0);
   if (io == net::Io::kDone) io = session->read_exact(reply.data(), reply.size(), deadline);
+  // TLS 1.3: the server checks a client's certificate after the client's handshake
+  // is over, so its refusal (an alert) arrives here.
+  if (io == net::Io::kFailed && certificates)
+    throw ConfigError(fmt::format("cohort: the store at {} refused this peer's certificate ({})\n  fix: give every "
+                                  "host of the job a certificate of the CA in the store's COHORT_STORE_TLS_CA, valid "
+                                  "for both TLS client and server use",
+                                  where, session->error()));
   if (io != net::Io::kDone) {
     last_error = io == net::Io::kTimedOut ? "the server did not answer its first request"
                                           : "the server closed the connection after the handshake";

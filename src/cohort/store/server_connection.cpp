@@ -78,7 +78,6 @@ void ServerLoop::continue_handshake(Connection& c) {
     // Note [Certificates and the token]: OpenSSL has checked the chain (and fails a
     // handshake without one); the token's proof is the session's first request.
     if (!c.tls->peer_verified()) return refuse(c, "its certificate did not verify against the store's CA");
-    c.proved = true;
     c.awaiting_proof = true;
   } else if (!c.tls->used_the_key()) {
     // Without a certificate the handshake cannot complete otherwise; checked all the same.
@@ -102,6 +101,10 @@ void ServerLoop::read_frames(Connection& c) {
       case tls::Step::kClosed:
       case tls::Step::kFailed: c.dead = true; return;  // gone, or a record that fails authentication
     }
+    if (c.awaiting_proof && c.in.size() + got > kBeforeProofBytes)
+      return fail_connection(c, fmt::format("cohort: this connection sent {} bytes before proving the token, over "
+                                            "the store's limit of {} (one PROVE request)",
+                                            c.in.size() + got, kBeforeProofBytes));
     // Note [Buffers per connection]: a client has one request in flight, so it
     // never needs more than one request's bytes buffered here.
     if (c.in.size() + got > options_.max_buffer_bytes()) {
@@ -141,6 +144,9 @@ void ServerLoop::process_frames(Connection& c) {
     }
     handle(c, std::move(*request));
   }
+  // A request that failed the connection (a PROVE out of place, a wrong proof) has
+  // emptied the input already (fail_connection): nothing of it is left to erase.
+  pos = std::min(pos, c.in.size());
   c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
   if (!failure.empty()) fail_connection(c, failure);
 }
@@ -233,7 +239,9 @@ void ServerLoop::fail_connection(Connection& c, const std::string& message) {
 // Note [Certificates and the token]: the client's proof comes first and only once;
 // the server shows its own only after the client's checked out.
 void ServerLoop::check_proof(Connection& c, const Request& request) {
-  if (!c.awaiting_proof || request.op != Op::kProve)
+  const bool in_place = c.awaiting_proof && request.op == Op::kProve;
+  c.awaiting_proof = false;  // either way: proved now, or closing (counted once)
+  if (!in_place)
     return fail_connection(c, fmt::format("cohort: a {} request out of place: a session proves the token once, "
                                           "first, and only when the store has certificates; run the same cohort "
                                           "on every host of the job",
@@ -244,7 +252,7 @@ void ServerLoop::check_proof(Connection& c, const Request& request) {
     return fail_connection(c, "cohort: the peer and the store hold different tokens (the peer's certificate is of "
                               "the store's CA, but its proof of the token failed)\n  fix: pass the job's --rdzv-token / "
                               "COHORT_RDZV_TOKEN on every host");
-  c.awaiting_proof = false;
+  c.proved = true;
   Reply r;
   r.values.push_back(c.tls->token_proof(tls::Role::kServer));
   reply(c, r);

@@ -107,12 +107,18 @@ void ServerLoop::accept_some() {
   }
 }
 
+namespace {
+// Still to prove the token (a PSK binder, or with certificates the PROVE request):
+// counted and evictable under Note [Pending handshakes under a flood].
+bool is_pending(const Connection& c) { return !c.dead && !c.proved && (!c.authenticated || c.awaiting_proof); }
+}  // namespace
+
 // Note [Pending handshakes under a flood].
 void ServerLoop::make_room_for(const std::string& source) {
   std::map<std::string, std::size_t> per_source;
   std::size_t pending = 0;
   for (const auto& c : connections_) {
-    if (c->authenticated || c->proved || c->dead) continue;
+    if (!is_pending(*c)) continue;
     ++per_source[c->source];
     ++pending;
   }
@@ -128,7 +134,7 @@ void ServerLoop::make_room_for(const std::string& source) {
   }
   Connection* oldest = nullptr;
   for (auto& c : connections_) {
-    if (c->authenticated || c->proved || c->dead || c->source != victim_source) continue;
+    if (!is_pending(*c) || c->source != victim_source) continue;
     if (!oldest || c->accepted_at < oldest->accepted_at) oldest = c.get();
   }
   if (oldest)

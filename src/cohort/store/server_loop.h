@@ -34,6 +34,9 @@ namespace cohort::store {
 inline constexpr std::size_t kMaxPendingHandshakes = 256;
 inline constexpr std::size_t kMaxPendingPerSource = 64;
 inline constexpr int kAcceptsPerRound = 16;
+// With certificates, what a peer may send before it has proved the token: one PROVE
+// request is under 100 bytes.
+inline constexpr std::size_t kBeforeProofBytes = 4096;
 
 // Note [Buffers per connection]: a client has one request in flight per connection
 // and reads each reply before it sends the next request. So the server never needs
@@ -59,8 +62,8 @@ struct Connection {
   std::unique_ptr<tls::Session> tls;  // made once the first byte says TLS
   // Its PSK binder verified: it holds the token, only its Finished is still to come.
   // Never evicted (Note [Pending handshakes under a flood]).
-  // With certificates: its chain verified, which is as good (Note [Certificates and
-  // the token] in store/certificates.h).
+  // With certificates: its PROVE request checked out (Note [Certificates and the
+  // token] in store/certificates.h); a valid certificate alone is not enough.
   bool proved = false;
   bool authenticated = false;
   // With certificates: the TLS handshake is done, the token's proof (the session's

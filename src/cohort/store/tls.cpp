@@ -28,8 +28,17 @@ constexpr char kKeyLabel[] = "cohort store: TLS 1.3 external PSK, v2";
 std::string openssl_error(const char* what) {
   unsigned long e = ERR_get_error();
   ERR_clear_error();
-  return fmt::format("{}: {}", what, e ? ERR_reason_error_string(e) : "unknown error");
+  if (e == 0) return fmt::format("{}: unknown error", what);
+  // A system error (a file that is not there) has no reason string of its own.
+  const char* reason = ERR_reason_error_string(e);
+  if (reason != nullptr) return fmt::format("{}: {}", what, reason);
+  char text[256];
+  ERR_error_string_n(e, text, sizeof text);
+  return fmt::format("{}: {}", what, text);
 }
+
+// An encrypted key would make OpenSSL prompt on the terminal, in every worker.
+int no_passphrase(char*, int, int, void*) { return 0; }
 
 // Note [A socket BIO without SIGPIPE]: OpenSSL's own socket BIO writes with
 // write(), which raises SIGPIPE when the peer has gone, and the store runs inside
@@ -103,11 +112,15 @@ void load(bool ok, const std::string& file, const char* variable, const char* wh
 }
 
 void use_certificates(SSL_CTX* ctx, const Certificates& c, Role role) {
+  ERR_clear_error();
+  SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
   load(SSL_CTX_load_verify_locations(ctx, c.ca_file.c_str(), nullptr) == 1, c.ca_file, kCaVariable, "CA certificate");
   load(SSL_CTX_use_certificate_chain_file(ctx, c.cert_file.c_str()) == 1, c.cert_file, kCertVariable, "certificate");
-  load(SSL_CTX_use_PrivateKey_file(ctx, c.key_file.c_str(), SSL_FILETYPE_PEM) == 1, c.key_file, kKeyVariable,
-       "private key");
-  if (SSL_CTX_check_private_key(ctx) != 1)
+  const bool key_loaded = SSL_CTX_use_PrivateKey_file(ctx, c.key_file.c_str(), SSL_FILETYPE_PEM) == 1;
+  const bool mismatch = !key_loaded && ERR_GET_REASON(ERR_peek_error()) == X509_R_KEY_VALUES_MISMATCH;
+  if (!mismatch)
+    load(key_loaded, c.key_file, kKeyVariable, "private key, unencrypted (a key under a passphrase is not supported)");
+  if (mismatch || SSL_CTX_check_private_key(ctx) != 1)
     throw ConfigError(fmt::format("cohort: the store's private key ({}={}) is not the key of its certificate ({}={})\n"
                                   "  fix: give each host the key that belongs to its certificate",
                                   kKeyVariable, c.key_file, kCertVariable, c.cert_file));

@@ -1,8 +1,12 @@
 #include "cohort/zero/sharded_optimizer.h"
 
+#include <torch/optim/lbfgs.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <deque>
+#include <functional>
 #include <sstream>
 #include <unordered_set>
 
@@ -26,18 +30,12 @@ std::vector<at::Tensor> unique(const std::vector<at::Tensor>& parameters) {
   return out;
 }
 
-std::unique_ptr<torch::optim::OptimizerOptions> defaults_of(const OptimizerFactory& make,
-                                                            const std::vector<at::Tensor>& parameters) {
-  if (!make) throw ConfigError("cohort ShardedOptimizer: no optimizer factory was given");
-  auto probe = make(parameters);
-  if (!probe) throw ConfigError("cohort ShardedOptimizer: the optimizer factory returned null");
-  return probe->defaults().clone();
-}
-
 std::vector<ddp::ParamDescription> describe(const std::vector<at::Tensor>& parameters,
-                                            const ShardedOptimizerOptions& options) {
+                                            const ShardedOptimizerOptions& options, const std::string& settings) {
   std::vector<ddp::ParamDescription> out;
   out.push_back({"ShardedOptimizerOptions::bucket_cap_bytes", {options.bucket_cap_bytes()}, "-"});
+  out.push_back({"the optimizer's settings (a digest)",
+                 {static_cast<std::int64_t>(std::hash<std::string>()(settings) & 0x7fffffffffffffffULL)}, "-"});
   for (std::size_t i = 0; i < parameters.size(); ++i)
     out.push_back({fmt::format("parameter {}", i), parameters[i].sizes().vec(),
                    std::string(parameters[i].dtype().name())});
@@ -63,20 +61,60 @@ void move_states(torch::optim::Optimizer& from, torch::optim::Optimizer& to, con
 
 }  // namespace
 
+// The factory's optimizer over every parameter, made before the base class: its
+// defaults become the base's, its settings go into the replica check, and what is
+// wrong with it is raised only after that check, so that every rank raises it.
+struct ShardedOptimizer::Probe {
+  std::vector<at::Tensor> parameters;
+  std::unique_ptr<torch::optim::OptimizerOptions> defaults;
+  std::string settings;  // the defaults, serialized
+  std::string problem;
+
+  Probe(const std::vector<at::Tensor>& given, const OptimizerFactory& make) : parameters(unique(given)) {
+    std::unique_ptr<torch::optim::Optimizer> probe;
+    if (!make)
+      problem = "no optimizer factory was given";
+    else if (!(probe = make(parameters)))
+      problem = "the optimizer factory returned null";
+    else if (dynamic_cast<torch::optim::LBFGS*>(probe.get()))
+      problem = "LBFGS evaluates its closure several times per step, on the ranks that own parameters only; "
+                "ShardedOptimizer evaluates it once, on every rank";
+    if (!probe) {
+      defaults = std::make_unique<torch::optim::SGDOptions>(0.0);  // a placeholder until the refusal
+      return;
+    }
+    defaults = probe->defaults().clone();
+    torch::serialize::OutputArchive archive;
+    defaults->serialize(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    settings = out.str();
+  }
+};
+
 ShardedOptimizer::ShardedOptimizer(std::vector<at::Tensor> parameters, comm::Group group, OptimizerFactory make,
                                    ShardedOptimizerOptions options)
-    : Optimizer(unique(parameters), defaults_of(make, unique(parameters))),
+    // `make` is copied, not moved: the arguments' order of evaluation is unspecified.
+    : ShardedOptimizer(Probe(parameters, make), std::move(group), make, std::move(options)) {}
+
+ShardedOptimizer::ShardedOptimizer(Probe probe, comm::Group group, OptimizerFactory make,
+                                   ShardedOptimizerOptions options)
+    : Optimizer(probe.parameters, std::move(probe.defaults)),
       group_(std::move(group)),
       make_(std::move(make)),
       options_(std::move(options)) {
+  const auto& all = all_params();
+  // Note [Replica check without hangs]: first, while every rank still agrees to talk.
+  if (options_.check_replicas())
+    ddp::verify_replicas(group_, describe(all, options_, probe.settings),
+                         {"cohort ShardedOptimizer", "what each rank passed (its parameters, options or optimizer "
+                          "settings)",
+                          "pass the same model's parameters, the same optimizer settings and the same "
+                          "ShardedOptimizerOptions on every rank"});
+  if (!probe.problem.empty()) throw ConfigError("cohort ShardedOptimizer: " + probe.problem);
   if (options_.bucket_cap_bytes() < 1)
     throw ConfigError(fmt::format("cohort ShardedOptimizer: bucket_cap_bytes must be at least 1, got {}",
                                   options_.bucket_cap_bytes()));
-  const auto& all = Optimizer::parameters();
-  if (options_.check_replicas())
-    ddp::verify_replicas(group_, describe(all, options_),
-                         {"cohort ShardedOptimizer", "what each rank passed (its parameters or options)",
-                          "pass the same model's parameters and the same ShardedOptimizerOptions on every rank"});
   std::vector<std::int64_t> bytes;
   for (const auto& p : all) bytes.push_back(static_cast<std::int64_t>(p.numel()) * p.element_size());
   owner_ = partition_by_size(bytes, group_.size());
@@ -107,9 +145,12 @@ ShardedOptimizer::ShardedOptimizer(std::vector<at::Tensor> parameters, comm::Gro
 
 ShardedOptimizer::~ShardedOptimizer() = default;
 
+// The base's first (only) group: Optimizer::parameters() warns of its removal.
+const std::vector<at::Tensor>& ShardedOptimizer::all_params() const { return param_groups()[0].params(); }
+
 std::vector<at::Tensor> ShardedOptimizer::params_of(int rank) const {
   std::vector<at::Tensor> out;
-  const auto& all = Optimizer::parameters();
+  const auto& all = all_params();
   for (std::size_t i = 0; i < all.size(); ++i)
     if (owner_[i] == rank) out.push_back(all[i]);
   return out;
@@ -134,7 +175,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
 void ShardedOptimizer::broadcast_parameters() {
   if (group_.size() == 1) return;
   at::NoGradGuard no_grad;
-  const auto& all = Optimizer::parameters();
+  const auto& all = all_params();
   const int rank = group_.rank();
   struct InFlight {
     const Bucket* bucket;
@@ -178,7 +219,7 @@ void ShardedOptimizer::broadcast_parameters() {
 }
 
 std::unique_ptr<torch::optim::Optimizer> ShardedOptimizer::whole_optimizer() const {
-  auto whole = make_(Optimizer::parameters());
+  auto whole = make_(all_params());
   whole->param_groups()[0].set_options(param_groups()[0].options().clone());
   return whole;
 }
@@ -193,42 +234,71 @@ void ShardedOptimizer::gather_state(int to) const {
   if (to < 0 || to >= group_.size())
     throw ConfigError(fmt::format("cohort ShardedOptimizer: gather_state({}) names no rank of a group of {}", to,
                                   group_.size()));
+  gathered_.reset();
+  gather_error_.clear();
   const std::string mine = serialized(local_.get());
-  const auto device = Optimizer::parameters().empty() ? at::Device(at::kCPU) : Optimizer::parameters()[0].device();
+  const auto device = all_params().empty() ? at::Device(at::kCPU) : all_params()[0].device();
   auto sizes = group_.all_gather(at::tensor({static_cast<std::int64_t>(mine.size())}, at::kLong).to(device));
-  auto bytes_tensor = [&](const std::string& s) {
-    return at::from_blob(const_cast<char*>(s.data()), {static_cast<std::int64_t>(s.size())}, at::kByte)
-        .clone()
-        .to(device);
-  };
   if (group_.rank() != to) {
-    if (!mine.empty()) group_.send(bytes_tensor(mine), to);
+    if (!mine.empty())
+      group_.send(at::from_blob(const_cast<char*>(mine.data()), {static_cast<std::int64_t>(mine.size())}, at::kByte)
+                      .clone()
+                      .to(device),
+                  to);
     return;
   }
-  auto whole = whole_optimizer();
+  // Every shard is received before any is merged: a merge that fails must not leave
+  // a sender waiting (the failure surfaces in save(), Note [Gathered for saving]).
+  std::vector<std::string> shards(static_cast<std::size_t>(group_.size()));
   for (int r = 0; r < group_.size(); ++r) {
     const auto size = sizes[static_cast<std::size_t>(r)].item<std::int64_t>();
-    if (size == 0) continue;
-    std::string bytes = mine;
-    if (r != to) {
-      auto buffer = at::empty({size}, at::TensorOptions().dtype(at::kByte).device(device));
-      group_.recv(buffer, r);
-      buffer = buffer.cpu();
-      bytes.assign(static_cast<const char*>(buffer.data_ptr()), static_cast<std::size_t>(size));
-    }
-    const auto params = params_of(r);
-    auto part = make_(params);
-    torch::serialize::InputArchive archive;
-    archive.load_from(bytes.data(), bytes.size());
-    part->load(archive);
-    move_states(*part, *whole, params);
+    if (r == to || size == 0) continue;
+    auto buffer = at::empty({size}, at::TensorOptions().dtype(at::kByte).device(device));
+    group_.recv(buffer, r);
+    buffer = buffer.cpu();
+    shards[static_cast<std::size_t>(r)].assign(static_cast<const char*>(buffer.data_ptr()),
+                                               static_cast<std::size_t>(size));
   }
-  gathered_ = std::move(whole);
+  shards[static_cast<std::size_t>(to)] = mine;
+  try {
+    auto whole = whole_optimizer();
+    for (int r = 0; r < group_.size(); ++r) {
+      const auto& bytes = shards[static_cast<std::size_t>(r)];
+      if (bytes.empty()) continue;
+      const auto params = params_of(r);
+      auto part = make_(params);
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes.data(), bytes.size());
+      part->load(archive);
+      move_states(*part, *whole, params);
+    }
+    gathered_ = std::move(whole);
+  } catch (const std::exception& e) {
+    gather_error_ = e.what();
+  }
 }
 
-void ShardedOptimizer::release_gathered_state() const { gathered_.reset(); }
+void ShardedOptimizer::gather_state_for_save(int writer) const {
+  const auto& ranks = group_.global_ranks();
+  const auto it = std::find(ranks.begin(), ranks.end(), writer);
+  if (it == ranks.end())
+    throw ConfigError(fmt::format("cohort ShardedOptimizer: the checkpoint's writer (global rank {}) is not a rank "
+                                  "of the optimizer's group '{}'; give the Checkpointer a group whose first rank "
+                                  "is in it",
+                                  writer, group_.name()));
+  gather_state(static_cast<int>(it - ranks.begin()));
+}
+
+void ShardedOptimizer::release_gathered_state() const {
+  gathered_.reset();
+  gather_error_.clear();
+}
 
 void ShardedOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  if (!gather_error_.empty())
+    throw ConfigError(fmt::format("cohort ShardedOptimizer on rank {}: the shards' states could not be merged for "
+                                  "saving: {}",
+                                  group_.rank(), gather_error_));
   if (!gathered_)
     throw ConfigError(fmt::format("cohort ShardedOptimizer on rank {}: save() writes the whole state, which is "
                                   "spread over the ranks\n  fix: call gather_state({}) on every rank first "
@@ -238,8 +308,11 @@ void ShardedOptimizer::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
+  // Note: every rank holds the whole state here for a moment (docs/zero.md, Limits).
   auto whole = whole_optimizer();
   whole->load(archive);
+  // LibTorch 1.13 restores no group options from an archive (so this keeps ours);
+  // versions that do, bring back the saved ones, as a plain optimizer would.
   param_groups()[0].set_options(whole->param_groups()[0].options().clone());
   if (shard_.empty()) return;
   local_ = make_(shard_);

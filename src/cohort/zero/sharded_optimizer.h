@@ -46,7 +46,8 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::GathersStateForSave {
  public:
   // Collective when check_replicas: every rank must pass the same parameters (a
-  // parameter listed twice counts once). Throws ConfigError on every rank otherwise.
+  // parameter listed twice counts once), options and optimizer settings. Throws
+  // ConfigError on every rank otherwise, and for a missing factory or an LBFGS.
   ShardedOptimizer(std::vector<at::Tensor> parameters, comm::Group group, OptimizerFactory make,
                    ShardedOptimizerOptions options = ShardedOptimizerOptions());
   ~ShardedOptimizer() override;
@@ -62,7 +63,9 @@ class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::Gath
   // the wrapped optimizer itself) and keeps its own shard of it.
   void load(torch::serialize::InputArchive& archive) override;
 
-  void gather_state(int to) const override;
+  // Collective: the whole state to group rank `to`, whose save() then writes it.
+  void gather_state(int to) const;
+  void gather_state_for_save(int writer) const override;
   void release_gathered_state() const override;
 
   // The same learning rate on every rank's shard.
@@ -78,11 +81,14 @@ class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::Gath
   std::int64_t local_state_bytes() const;
 
  private:
+  struct Probe;  // what the factory made of every parameter, before the base is built
+  ShardedOptimizer(Probe probe, comm::Group group, OptimizerFactory make, ShardedOptimizerOptions options);
   struct Bucket {
     int owner = 0;
     std::vector<std::size_t> params;  // indices into parameters()
   };
   void broadcast_parameters();
+  const std::vector<at::Tensor>& all_params() const;
   std::vector<at::Tensor> params_of(int rank) const;
   std::unique_ptr<torch::optim::Optimizer> whole_optimizer() const;
 
@@ -96,6 +102,7 @@ class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::Gath
   std::vector<Bucket> buckets_;
   // Filled by gather_state() on the rank gathered to (Note [Gathered for saving]).
   mutable std::unique_ptr<torch::optim::Optimizer> gathered_;
+  mutable std::string gather_error_;  // why the gathering rank could not merge the shards
 };
 
 }  // namespace cohort::zero

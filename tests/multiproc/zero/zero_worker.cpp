@@ -299,13 +299,22 @@ int amp(World& world, const Args& a) {
   return report(world, "amp", ok, ok ? "scale " + std::to_string(sharded_scaler.get_scale()) : what);
 }
 
-// Rank 1 asks for another bucket size: every rank refuses, none hangs.
+// Rank 1 asks for another bucket size (--mismatch cap), another learning rate
+// (--mismatch lr) or no factory at all (--mismatch factory): every rank refuses, none
+// hangs.
 int mismatch(World& world, const Args& a) {
   torch::manual_seed(7);
   Net model;
+  const bool odd = world.rank() == 1;
+  auto make = factory(a.optimizer);
+  if (odd && a.file == "lr")
+    make = [](std::vector<torch::Tensor> p) {
+      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.5));
+    };
+  if (odd && a.file == "factory") make = nullptr;
   try {
-    ShardedOptimizer opt(model->parameters(), world.group(), factory(a.optimizer),
-                         cohort::zero::ShardedOptimizerOptions().bucket_cap_bytes(world.rank() == 1 ? 1000 : 2000));
+    ShardedOptimizer opt(model->parameters(), world.group(), make,
+                         cohort::zero::ShardedOptimizerOptions().bucket_cap_bytes(odd && a.file == "cap" ? 1000 : 2000));
   } catch (const cohort::ConfigError& e) {
     return report(world, "mismatch", true, std::string("caught: ") + e.what());
   }
