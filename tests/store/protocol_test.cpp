@@ -1,5 +1,6 @@
 // The store protocol's pure pieces, without sockets: frames, and the encoding of
 // requests and replies.
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include "cohort/store/table.h"
