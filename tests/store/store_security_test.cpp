@@ -111,6 +111,32 @@ void expect_closed_without_a_byte(int fd) {
   EXPECT_TRUE(closed_by_peer(fd));
 }
 
+// Regression (stop 25's CI): the count rose before the report was delivered, so a
+// reader that saw refused() == 1 could find no reason yet. A slow callback shows it.
+TEST(StoreSecurity, ARefusalIsCountedOnlyOnceItsReportIsDelivered) {
+  std::mutex mutex;
+  std::vector<std::string> reasons;
+  StoreServer server(StoreServerOptions(kToken).on_refused([&](const std::string& r) {
+    std::this_thread::sleep_for(300ms);
+    std::lock_guard<std::mutex> lock(mutex);
+    reasons.push_back(r);
+  }));
+  std::thread stranger([&] {
+    try {
+      StoreClient("127.0.0.1", server.port(), "a-wrong-token", 10s);
+    } catch (const std::exception&) {
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (server.refused() < 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_EQ(server.refused(), 1);
+    EXPECT_EQ(reasons.size(), 1u) << "refused() counted a refusal whose report was not delivered yet";
+  }
+  stranger.join();
+}
+
 TEST(StoreSecurity, AWrongTokenIsRefusedCountedAndReported) {
   Watched w;
   auto good = w.client();

@@ -143,14 +143,17 @@ void ServerLoop::make_room_for(const std::string& source) {
                        per_source[victim_source], victim_source));
 }
 
+// The count goes up after the report is delivered, so whoever sees refused() reach N
+// has N reports in hand (a test reads both from another thread).
 void ServerLoop::count_refusal(const std::string& reason) {
-  ++refused_;
-  if (!options_.on_refused()) return;
-  try {
-    options_.on_refused()(reason);
-  } catch (const std::exception& e) {
-    std::cerr << "cohort: the store's on_refused callback threw: " << e.what() << std::endl;
+  if (options_.on_refused()) {
+    try {
+      options_.on_refused()(reason);
+    } catch (const std::exception& e) {
+      std::cerr << "cohort: the store's on_refused callback threw: " << e.what() << std::endl;
+    }
   }
+  ++refused_;
 }
 
 void ServerLoop::expire(Clock::time_point now) {

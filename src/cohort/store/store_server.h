@@ -73,6 +73,7 @@ class StoreServer {
   int port() const;
   // Peers refused so far: a wrong token, not speaking the protocol, too slow to
   // finish the handshake, or arriving while too many others were mid-handshake.
+  // Each is counted after on_refused has returned with its reason.
   std::int64_t refused() const;
 
  private:
