@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bench_models.h"
+#include "process_memory.h"
 #include "cohort/comm/world.h"
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/elastic/error_file.h"
@@ -236,26 +237,8 @@ int overlap(const Args& a, World& world) {
   return 0;
 }
 
-// A "VmHWM:" or "VmRSS:" line of /proc/self/status, in MiB.
-double status_mb(const std::string& key) {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind(key + ":", 0) != 0) continue;
-    std::istringstream fields(line.substr(key.size() + 1));
-    double kb = 0;
-    fields >> kb;
-    return kb / 1024;
-  }
-  throw std::runtime_error("no " + key + " in /proc/self/status");
-}
-
-// Resets VmHWM to the current RSS (Linux >= 4.0, see proc(5), clear_refs).
-bool reset_peak_rss() {
-  std::ofstream clear_refs("/proc/self/clear_refs");
-  clear_refs << "5";
-  clear_refs.flush();
-  return static_cast<bool>(clear_refs);
-}
+using cohort::bench::reset_peak_rss;
+using cohort::bench::status_mb;
 
 int memory(const Args& a, World& world) {
   const auto& spec = cohort::bench::model_spec(a.model);

@@ -15,7 +15,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o,
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
   };
   if (o.zero == 0) return make(model.parameters());
-  return std::make_unique<cohort::zero::ShardedOptimizer>(model.parameters(), world.group(), make);
+  return std::make_unique<cohort::zero::ShardedOptimizer>(
+      model.parameters(), world.group(), make, cohort::zero::ShardedOptimizerOptions().shard_gradients(o.zero == 2));
 }
 
 nlohmann::json memory_per_rank(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,

@@ -1,6 +1,7 @@
 #pragma once
 // The trainer's optimizer: Adam or SGD with momentum, whole on every rank, or
-// sharded over the ranks with --zero 1 (cohort::zero::ShardedOptimizer, docs/zero.md).
+// sharded over the ranks with --zero 1, and with its gradients too with --zero 2
+// (cohort::zero::ShardedOptimizer, docs/zero.md).
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -12,7 +13,7 @@
 
 namespace fashion_mnist {
 
-// Collective with --zero 1 (every rank builds it).
+// Collective with --zero 1 or 2 (every rank builds it).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, torch::nn::Module& model,
                                                         cohort::comm::World& world);
 

@@ -82,8 +82,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
                  "after the first)")
       ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40));
   app.add_option("--zero", o.zero,
-                 "ZeRO stage: 0, the whole optimizer on every rank; 1, its state sharded over the ranks "
-                 "(docs/zero.md)")
+                 "ZeRO stage: 0, the whole optimizer on every rank; 1, its state sharded over the ranks; 2, "
+                 "its state and the gradients sharded (docs/zero.md)")
       ->check(CLI::Range(0, 3));
   try {
     app.parse(argc, argv);
@@ -122,12 +122,15 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   if (o.comm_hook != "allreduce" && (o.pipeline_stages > 1 || o.data_parallel_replicas > 1))
     refuse("--comm-hook applies to the DDP of plain data parallelism; it does not combine with --pipeline-stages "
            "or --data-parallel-replicas yet");
-  if (o.zero > 1)
-    refuse("--zero " + std::to_string(o.zero) + ": gradient and parameter sharding (ZeRO-2 and 3) are not built "
-           "yet; --zero 1 shards the optimizer's state (docs/zero.md)");
-  if (o.zero == 1 && (o.pipeline_stages > 1 || o.data_parallel_replicas > 1))
-    refuse("--zero 1 shards the optimizer over the data-parallel ranks of plain DDP; it does not combine with "
-           "--pipeline-stages or --data-parallel-replicas yet");
+  if (o.zero == 3)
+    refuse("--zero 3: parameter sharding (ZeRO-3, fully_shard) is not built yet; --zero 2 shards the gradients "
+           "and the optimizer's state (docs/zero.md)");
+  if (o.zero >= 1 && (o.pipeline_stages > 1 || o.data_parallel_replicas > 1))
+    refuse("--zero " + std::to_string(o.zero) + " shards the optimizer over the data-parallel ranks of plain "
+           "data parallelism; it does not combine with --pipeline-stages or --data-parallel-replicas yet");
+  if (o.zero == 2 && o.comm_hook != "allreduce")
+    refuse("--zero 2 reduces each gradient to the rank that owns it, in place of DDP and its communication "
+           "hooks; --comm-hook " + comm_hook + " needs --zero 0 or 1");
   if (o.amp == "fp16" && o.device == "cpu")
     refuse("--amp fp16 needs --device cuda (the CPU runs autocast in bfloat16); use --amp bf16 on the CPU");
   if (o.pipeline_stages > 1 && o.microbatches > o.batch_size)

@@ -2,6 +2,8 @@
 // How the trainer spreads the model over the ranks. trainer.cpp's loop is the same
 // for every strategy; each strategy's wiring lives in its own file:
 //   data_parallel.cpp   the whole model on every rank, under cohort's DDP
+//   sharded_gradients.cpp  the whole model on every rank, gradients reduced by the
+//                       ZeRO-2 optimizer instead of DDP (--zero 2)
 //   pipeline_parallel.cpp  the model cut into stages (cohort::pipeline), DDP per stage
 //   replicas.cpp        one process, N replicas (cohort::dp::DataParallel)
 //   mixed_precision.cpp --amp, used by each of them
@@ -59,6 +61,8 @@ class Strategy {
 };
 
 std::unique_ptr<Strategy> make_data_parallel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
+std::unique_ptr<Strategy> make_sharded_gradients(const TrainerOptions& o, cohort::comm::World& world,
+                                                c10::Device device);
 std::unique_ptr<Strategy> make_replicas(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
 std::unique_ptr<Strategy> make_pipeline(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
 

@@ -86,6 +86,7 @@ int train(const TrainerOptions& o) {
   // broadcasts rank 0's anyway.
   auto strategy = o.pipeline_stages > 1         ? make_pipeline(o, world, device)
                   : o.data_parallel_replicas > 1 ? make_replicas(o, world, device)
+                  : o.zero == 2                  ? make_sharded_gradients(o, world, device)
                                                  : make_data_parallel(o, world, device);
   auto optimizer = make_optimizer(o, strategy->model(), world);
   MixedPrecision precision(o, device, world.group());

@@ -338,6 +338,51 @@ TEST(Trainer, ZeroOneChangesNoWeightAndResumesAtAnotherWorldSize) {
   EXPECT_LT(max_difference(plain, resumed), kAcrossWorldSizes);  // Note [Rounding across world sizes]
 }
 
+// --zero 2 (docs/zero.md): no DDP; the optimizer reduces each gradient to its
+// owner. Two ranks add two values, the same in either order, so the weights are
+// bitwise those of DDP; each rank holds part of the gradients and of the state (the
+// final JSON); and its checkpoints resume at another world size.
+TEST(Trainer, ZeroTwoChangesNoWeightShardsTheGradientsAndResumesAtAnotherWorldSize) {
+  TempDir dir("cohort-trainer");
+  const auto data = cohort::testing::fashion_subset(dir.path, 1000);
+  const std::vector<std::string> args = {"--data-dir", data, "--epochs", "1", "--optimizer", "sgd", "--lr", "0.05",
+                                         "--seed", "4"};
+  const auto plain = dir.path + "/plain.pt", sharded = dir.path + "/sharded.pt", resumed = dir.path + "/resumed.pt";
+  auto a = run_trainer(2, with(args, {"--batch-size", "16", "--save-final", plain}));
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  auto b = run_trainer(2, with(args, {"--batch-size", "16", "--zero", "2", "--save-final", sharded}));
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
+  auto per_rank = [](const std::string& out, const std::string& name) {
+    std::vector<long long> bytes;
+    const std::string key = "\"" + name + "\":";
+    for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1))
+      bytes.push_back(std::stoll(out.substr(at + key.size())));
+    return bytes;
+  };
+  for (const std::string name : {"gradient_bytes", "optimizer_state_bytes"}) {
+    const auto whole = per_rank(a.out, name), shards = per_rank(b.out, name);
+    ASSERT_EQ(whole.size(), 2u) << a.out;
+    ASSERT_EQ(shards.size(), 2u) << b.out;
+    EXPECT_EQ(whole[0], whole[1]) << name;
+    EXPECT_EQ(shards[0] + shards[1], whole[0]) << name;
+    EXPECT_GT(shards[0], 0) << name;
+    EXPECT_GT(shards[1], 0) << name;
+  }
+  EXPECT_NE(b.out.find("\"comm_hook\":\"zero2_reduce_to_owners\""), std::string::npos) << b.out;
+
+  // Stopped at step 10 by two ranks, resumed by one with twice the batch.
+  const auto ckpt = dir.path + "/ckpt";
+  auto first = run_trainer(2, with(args, {"--batch-size", "16", "--zero", "2", "--checkpoint-dir", ckpt,
+                                          "--max-steps", "10"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  auto second = run_trainer(1, with(args, {"--batch-size", "32", "--zero", "2", "--checkpoint-dir", ckpt,
+                                           "--save-final", resumed}));
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000010"), std::string::npos) << second.out;
+  EXPECT_LT(max_difference(plain, resumed), kAcrossWorldSizes);  // Note [Rounding across world sizes]
+}
+
 // --comm-hook powersgd (docs/ddp.md#powersgd): before its start iteration bitwise
 // the plain all-reduce; after it, fewer elements sent and other weights; stopped and
 // resumed from a checkpoint (error memories, warm-start Qs, generator), bitwise the

@@ -70,7 +70,8 @@ TEST(Zero, MismatchedSettingsAreRefusedOnEveryRank) {
   for (const auto& [what, expect] : std::vector<std::pair<std::string, std::string>>{
            {"cap", "ShardedOptimizerOptions::bucket_cap_bytes"},
            {"lr", "the optimizer's settings"},
-           {"factory", "the optimizer's settings"}}) {
+           {"factory", "the optimizer's settings"},
+           {"stage", "ShardedOptimizerOptions::shard_gradients"}}) {
     auto r = run_zero(3, {"mismatch", "--optimizer", "adam", "--file", what});
     ASSERT_FALSE(r.timed_out) << describe(r);
     ASSERT_EQ(r.exit_code, 0) << describe(r);
@@ -81,6 +82,38 @@ TEST(Zero, MismatchedSettingsAreRefusedOnEveryRank) {
     EXPECT_NE(r.out.find(expect), std::string::npos) << what << "\n" << describe(r);
     EXPECT_NE(r.out.find("differ from rank 0: 1"), std::string::npos) << what << "\n" << describe(r);
   }
+}
+
+// ZeRO-2 (shard_gradients, Note [ZeRO-2 gradients]): the sharded copy is not under
+// DDP; within float rounding of DDP with the whole optimizer, and each rank holds
+// only its own parameters' gradients (checked in the worker).
+class ZeroTwoParity : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(ZeroTwoParity, WithinFloatRoundingOfDdpHoldingOnlyItsOwnGradients) {
+  const auto [world, optimizer] = GetParam();
+  expect_every_rank(world, {"parity", "--stage", "2", "--optimizer", optimizer, "--steps", "4"}, "parity");
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ZeroTwoParity,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values("sgd", "adam")),
+                         [](const auto& info) {
+                           return std::get<1>(info.param) + "_world" + std::to_string(std::get<0>(info.param));
+                         });
+
+TEST(ZeroTwo, SmallBucketsAccumulationAndAmpAgreeWithDdp) {
+  expect_every_rank(3, {"parity", "--stage", "2", "--optimizer", "adamw", "--cap", "1000"}, "parity");
+  expect_every_rank(3, {"accumulate", "--stage", "2", "--optimizer", "sgd", "--steps", "3"}, "accumulate");
+  expect_every_rank(3, {"amp", "--stage", "2", "--optimizer", "adam", "--steps", "5"}, "amp");
+}
+
+// Gathered at world 4 with stage 2, resumed at worlds 2 and 3 (the state's format is
+// stage 1's: the stage decides where gradients live, not what is saved).
+TEST(ZeroTwo, AStateGatheredAtWorld4ResumesAtWorlds2And3) {
+  cohort::testing::TempDir dir;
+  const auto file = dir.path + "/optimizer.pt";
+  expect_every_rank(4, {"parity", "--stage", "2", "--optimizer", "adam", "--save", "--file", file}, "parity");
+  for (int world : {2, 3})
+    expect_every_rank(world, {"resume", "--stage", "2", "--optimizer", "adam", "--file", file}, "resume");
 }
 
 }  // namespace

@@ -51,6 +51,12 @@ void check_tensor(const GroupState& g, const char* op, const at::Tensor& t) {
                                   op, g.global_rank, t.device().str()));
 }
 
+void check_root(const GroupState& g, const char* op, int root) {
+  const int n = static_cast<int>(g.global_ranks.size());
+  if (root < 0 || root >= n)
+    throw ConfigError(fmt::format("cohort: {} root {} is not a rank of group '{}' (0..{})", op, root, g.name, n - 1));
+}
+
 }  // namespace
 
 GroupState::~GroupState() = default;
@@ -145,12 +151,24 @@ Pending Group::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
 
 void Group::all_reduce(at::Tensor& tensor, ReduceOp op) { all_reduce_async(tensor, op).wait(); }
 
+Pending Group::reduce_async(at::Tensor& tensor, int root, ReduceOp op) {
+  auto& g = checked("reduce");
+  check_tensor(g, "reduce", tensor);
+  check_root(g, "reduce", root);
+  if (op == ReduceOp::kAvg)
+    throw ConfigError("cohort: reduce with kAvg is not offered (Gloo has no average); use kSum and divide");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::ReduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  opts.rootRank = root;
+  opts.timeout = g.timeout;
+  return launch("reduce", tensor.nbytes(), [&] { return g.backend->reduce(tensors, opts); });
+}
+
 Pending Group::broadcast_async(at::Tensor& tensor, int root) {
   auto& g = checked("broadcast");
   check_tensor(g, "broadcast", tensor);
-  if (root < 0 || root >= size())
-    throw ConfigError(fmt::format("cohort: broadcast root {} is not a rank of group '{}' (0..{})", root, g.name,
-                                  size() - 1));
+  check_root(g, "broadcast", root);
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;

@@ -69,6 +69,10 @@ class Group {
 
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   Pending all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // The reduction of `tensor` over the ranks lands in root's tensor (`root` is a group
+  // rank); the others' tensors are left unspecified. Sum, min, max or product (kAvg:
+  // use kSum and divide, as Gloo has no average).
+  Pending reduce_async(at::Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum);
   // `root` is a group rank.
   void broadcast(at::Tensor& tensor, int root = 0);
   Pending broadcast_async(at::Tensor& tensor, int root = 0);

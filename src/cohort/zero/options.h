@@ -17,6 +17,11 @@ struct ShardedOptimizerOptions {
   // dtypes) and the same options, refusing a mismatch on every rank (Note [Replica
   // check without hangs] in ddp/replica_check.h).
   TORCH_ARG(bool, check_replicas) = true;
+  // ZeRO stage 2: each gradient is reduced to its parameter's owner only, which alone
+  // keeps it (Note [ZeRO-2 gradients] in zero/gradient_sharder.h). The optimizer then
+  // does DDP's work itself: do not wrap the model in DDP. bucket_cap_bytes also sizes
+  // the gradient buckets.
+  TORCH_ARG(bool, shard_gradients) = false;
 };
 
 }  // namespace cohort::zero

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <iostream>
 #include <sstream>
 #include <unordered_set>
 
 #include <fmt/format.h>
 
 #include "cohort/compat/optimizer.h"
+#include "cohort/ddp/broadcast.h"
 #include "cohort/ddp/replica_check.h"
 #include "cohort/errors.h"
 #include "cohort/zero/partition.h"
@@ -34,6 +36,7 @@ std::vector<ddp::ParamDescription> describe(const std::vector<at::Tensor>& param
                                             const ShardedOptimizerOptions& options, const std::string& settings) {
   std::vector<ddp::ParamDescription> out;
   out.push_back({"ShardedOptimizerOptions::bucket_cap_bytes", {options.bucket_cap_bytes()}, "-"});
+  out.push_back({"ShardedOptimizerOptions::shard_gradients", {options.shard_gradients() ? 1 : 0}, "-"});
   out.push_back({"the optimizer's settings (a digest)",
                  {static_cast<std::int64_t>(std::hash<std::string>()(settings) & 0x7fffffffffffffffULL)}, "-"});
   for (std::size_t i = 0; i < parameters.size(); ++i)
@@ -141,6 +144,11 @@ ShardedOptimizer::ShardedOptimizer(Probe probe, comm::Group group, OptimizerFact
     }
     if (!bucket.params.empty()) buckets_.push_back(std::move(bucket));
   }
+  if (options_.shard_gradients()) {
+    // Without DDP nobody else makes the replicas start equal.
+    ddp::broadcast_coalesced(group_, all, 0);
+    sharder_ = std::make_unique<GradientSharder>(all, owner_, group_, options_.bucket_cap_bytes());
+  }
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;
@@ -162,6 +170,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     at::AutoGradMode enable(true);
     loss = closure();
   }
+  if (sharder_) sharder_->check_before_step();
   if (local_) {
     // The options of this optimizer's group are the ones in force (a scheduler or
     // set_lr() changes them); the shard's optimizer follows.
@@ -317,6 +326,24 @@ void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
   if (shard_.empty()) return;
   local_ = make_(shard_);
   move_states(*whole, *local_, shard_);
+}
+
+ShardedOptimizer::NoSync::NoSync(GradientSharder& sharder) : sharder_(sharder) { sharder_.set_sync(false); }
+
+ShardedOptimizer::NoSync::~NoSync() {
+  try {
+    sharder_.set_sync(true);
+  } catch (const std::exception& e) {
+    // A destructor must not throw; the next backward would not synchronise, so say so.
+    std::cerr << "cohort ShardedOptimizer: " << e.what() << std::endl;
+  }
+}
+
+ShardedOptimizer::NoSync ShardedOptimizer::no_sync() {
+  if (!sharder_)
+    throw ConfigError("cohort ShardedOptimizer: no_sync() is for shard_gradients(true), where the optimizer "
+                      "reduces the gradients; under DDP, use the DDP wrapper's no_sync()");
+  return NoSync(*sharder_);
 }
 
 void ShardedOptimizer::set_lr(double lr) { param_groups()[0].options().set_lr(lr); }

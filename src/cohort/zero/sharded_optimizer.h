@@ -26,6 +26,17 @@
 // wrapped optimizer's own format; load() on every rank takes back its shard, at any
 // world size. Programs that save it themselves call gather_state(0) on every rank
 // first. One parameter group: learning-rate changes go through set_lr().
+//
+// ZeRO stage 2 (shard_gradients(true)): the model is not wrapped in DDP. The
+// optimizer broadcasts rank 0's parameters at construction, as DDP does, and
+// reduces each gradient during backward to its parameter's owner alone (Note
+// [ZeRO-2 gradients] in zero/gradient_sharder.h), so each rank keeps about 1/N of
+// the gradients as well as of the state:
+//
+//   cohort::zero::ShardedOptimizer opt(model->parameters(), world.group(), make_adam,
+//       cohort::zero::ShardedOptimizerOptions().shard_gradients(true));
+//   for (...) { opt.zero_grad(); loss(model(x)).backward(); opt.step(); }
+//   { auto guard = opt.no_sync(); loss(model(x1)).backward(); }  // accumulate locally
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -35,6 +46,7 @@
 
 #include "cohort/checkpoint/gathered_state.h"
 #include "cohort/comm/group.h"
+#include "cohort/zero/gradient_sharder.h"
 #include "cohort/zero/options.h"
 
 namespace cohort::zero {
@@ -80,6 +92,24 @@ class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::Gath
   // Bytes of optimizer state held on this rank.
   std::int64_t local_state_bytes() const;
 
+  // shard_gradients(true) only: while the guard lives, backward accumulates into
+  // .grad locally (full size) and sends nothing; the next synchronised backward
+  // sends the sum. Enter it before the forward. Throws ConfigError without
+  // shard_gradients (use DDP's no_sync() there).
+  class NoSync {
+   public:
+    explicit NoSync(GradientSharder& sharder);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    GradientSharder& sharder_;
+  };
+  [[nodiscard]] NoSync no_sync();
+  // Null unless shard_gradients(true).
+  const GradientSharder* gradient_sharder() const { return sharder_.get(); }
+
  private:
   struct Probe;  // what the factory made of every parameter, before the base is built
   ShardedOptimizer(Probe probe, comm::Group group, OptimizerFactory make, ShardedOptimizerOptions options);
@@ -100,6 +130,7 @@ class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::Gath
   std::vector<at::Tensor> shard_;
   std::unique_ptr<torch::optim::Optimizer> local_;
   std::vector<Bucket> buckets_;
+  std::unique_ptr<GradientSharder> sharder_;  // ZeRO-2 (Note [ZeRO-2 gradients])
   // Filled by gather_state() on the rank gathered to (Note [Gathered for saving]).
   mutable std::unique_ptr<torch::optim::Optimizer> gathered_;
   mutable std::string gather_error_;  // why the gathering rank could not merge the shards

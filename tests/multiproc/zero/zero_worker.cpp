@@ -3,12 +3,17 @@
 // each global batch: one with a plain optimizer, one with zero::ShardedOptimizer
 // around the same optimizer. Note [ZeRO-1 step] says they must stay bitwise equal;
 // each scenario prints "<scenario> ok rank R ..." when they do, and exits 1 otherwise.
-//   zero_worker parity|resume|amp|mismatch --optimizer sgd|adam [--steps K]
-//     [--cap BYTES] [--file PATH] [--save]
+//   zero_worker parity|resume|amp|mismatch|accumulate --optimizer sgd|adam [--steps K]
+//     [--cap BYTES] [--file PATH] [--save] [--stage 1|2]
+// With --stage 2 the sharded copy is not under DDP: ShardedOptimizer's
+// shard_gradients reduces each gradient to its owner (Note [ZeRO-2 gradients]), and
+// the copies agree within float rounding (kStageTwoTolerance), since a reduce may
+// add the ranks' values in another order than DDP's all-reduce.
 #include <torch/torch.h>
 
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <iostream>
 #include <string>
@@ -33,7 +38,13 @@ struct Args {
   std::int64_t cap = 25 << 20;
   std::string file;
   bool save = false;
+  int stage = 1;
 };
+
+// Stage 2 against DDP: a different order of summation moves a weight by float
+// rounding (about 1e-7 here); a wrong average (a missing or double division, a
+// rank's gradient lost) moves it by 1e-3 or more.
+constexpr double kStageTwoTolerance = 1e-5;
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -50,6 +61,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--cap") a.cap = std::stoll(value());
     else if (flag == "--file") a.file = value();
     else if (flag == "--save") a.save = true;
+    else if (flag == "--stage") a.stage = std::stoi(value());
     else throw std::invalid_argument("unknown flag " + flag);
   }
   return a;
@@ -103,31 +115,39 @@ Batch rows(int step, int rank, int world) {
   return {x.narrow(0, rank * kRows, kRows), y.narrow(0, rank * kRows, kRows)};
 }
 
-// Two copies of the model, each under DDP: `plain` with the whole optimizer,
-// `sharded` with ShardedOptimizer.
+// Two copies of the model: `plain` under DDP with the whole optimizer, `sharded`
+// with ShardedOptimizer, under DDP at stage 1 and alone at stage 2.
 struct Pair {
   Pair(World& world, const Args& a)
-      : plain_model(make(world)), sharded_model(make(world)), plain(plain_model, world.group()),
-        sharded(sharded_model, world.group()), plain_opt(factory(a.optimizer)(plain_model->parameters())),
+      : stage(a.stage), plain_model(make()), sharded_model(make()), plain(plain_model, world.group()),
+        plain_opt(factory(a.optimizer)(plain_model->parameters())),
         sharded_opt(sharded_model->parameters(), world.group(), factory(a.optimizer),
-                    cohort::zero::ShardedOptimizerOptions().bucket_cap_bytes(a.cap)) {}
-  static Net make(World&) {
+                    cohort::zero::ShardedOptimizerOptions().bucket_cap_bytes(a.cap).shard_gradients(a.stage == 2)) {
+    if (stage == 1) sharded.emplace(sharded_model, world.group());
+  }
+  static Net make() {
     torch::manual_seed(7);
     return Net();
   }
+  torch::Tensor sharded_forward(const torch::Tensor& x) { return sharded ? (*sharded)(x) : sharded_model(x); }
   void step(int step, World& world, cohort::amp::GradScaler* plain_scaler = nullptr,
             cohort::amp::GradScaler* sharded_scaler = nullptr, bool poison = false) {
     auto b = rows(step, world.rank(), world.size());
     plain_opt->zero_grad();
     sharded_opt.zero_grad();
     auto l1 = torch::mse_loss(plain(b.x), b.y);
-    auto l2 = torch::mse_loss(sharded(b.x), b.y);
+    auto l2 = torch::mse_loss(sharded_forward(b.x), b.y);
     if (plain_scaler) {
       plain_scaler->scale(l1).backward();
       sharded_scaler->scale(l2).backward();
       if (poison) {  // one rank's gradient overflows: every rank must skip
         plain_model->head->bias.grad()[0] = std::numeric_limits<float>::infinity();
-        sharded_model->head->bias.grad()[0] = std::numeric_limits<float>::infinity();
+        // At stage 2 this rank holds the gradients of its own parameters only.
+        for (auto& p : sharded_model->parameters())
+          if (p.grad().defined()) {
+            p.grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+            break;
+          }
       }
       plain_scaler->step(*plain_opt);
       sharded_scaler->step(sharded_opt);
@@ -140,17 +160,25 @@ struct Pair {
     plain_opt->step();
     sharded_opt.step();
   }
+  int stage;
   Net plain_model, sharded_model;
-  DistributedDataParallel<Net> plain, sharded;
+  DistributedDataParallel<Net> plain;
+  std::optional<DistributedDataParallel<Net>> sharded;
   std::unique_ptr<torch::optim::Optimizer> plain_opt;
   ShardedOptimizer sharded_opt;
 };
 
-// Parameters (and the frozen one) bitwise equal.
-bool same_weights(const torch::nn::Module& x, const torch::nn::Module& y, std::string& what) {
+// Bitwise equal with tolerance 0, else within it elementwise.
+bool near(const torch::Tensor& x, const torch::Tensor& y, double tolerance) {
+  if (tolerance == 0) return torch::equal(x, y);
+  return x.sizes() == y.sizes() && (x - y).abs().max().item<double>() <= tolerance;
+}
+
+// Parameters (and the frozen one) bitwise equal, or within `tolerance`.
+bool same_weights(const torch::nn::Module& x, const torch::nn::Module& y, std::string& what, double tolerance = 0) {
   auto px = x.named_parameters(), py = y.named_parameters();
   for (const auto& item : px) {
-    if (!torch::equal(item.value(), py[item.key()])) {
+    if (!near(item.value(), py[item.key()], tolerance)) {
       what = item.key() + " differs by " +
              std::to_string((item.value() - py[item.key()]).abs().max().item<double>());
       return false;
@@ -161,7 +189,8 @@ bool same_weights(const torch::nn::Module& x, const torch::nn::Module& y, std::s
 
 // Per-parameter states of two optimizers over identically ordered parameters.
 bool same_states(const torch::optim::Optimizer& x, const std::vector<torch::Tensor>& px,
-                 const torch::optim::Optimizer& y, const std::vector<torch::Tensor>& py, std::string& what) {
+                 const torch::optim::Optimizer& y, const std::vector<torch::Tensor>& py, std::string& what,
+                 double tolerance = 0) {
   using namespace torch::optim;
   auto state_of = [](const Optimizer& o, const torch::Tensor& p) -> const OptimizerParamState* {
     auto it = o.state().find(cohort::compat::optimizer_state_key(p));
@@ -178,15 +207,15 @@ bool same_states(const torch::optim::Optimizer& x, const std::vector<torch::Tens
     bool same = false;
     if (auto* a = dynamic_cast<const AdamParamState*>(sx)) {
       auto* b = dynamic_cast<const AdamParamState*>(sy);
-      same = b && a->step() == b->step() && torch::equal(a->exp_avg(), b->exp_avg()) &&
-             torch::equal(a->exp_avg_sq(), b->exp_avg_sq());
+      same = b && a->step() == b->step() && near(a->exp_avg(), b->exp_avg(), tolerance) &&
+             near(a->exp_avg_sq(), b->exp_avg_sq(), tolerance);
     } else if (auto* a = dynamic_cast<const AdamWParamState*>(sx)) {
       auto* b = dynamic_cast<const AdamWParamState*>(sy);
-      same = b && a->step() == b->step() && torch::equal(a->exp_avg(), b->exp_avg()) &&
-             torch::equal(a->exp_avg_sq(), b->exp_avg_sq());
+      same = b && a->step() == b->step() && near(a->exp_avg(), b->exp_avg(), tolerance) &&
+             near(a->exp_avg_sq(), b->exp_avg_sq(), tolerance);
     } else if (auto* a = dynamic_cast<const SGDParamState*>(sx)) {
       auto* b = dynamic_cast<const SGDParamState*>(sy);
-      same = b && torch::equal(a->momentum_buffer(), b->momentum_buffer());
+      same = b && near(a->momentum_buffer(), b->momentum_buffer(), tolerance);
     }
     if (!same) {
       what = "the state of parameter " + std::to_string(i) + " differs";
@@ -214,11 +243,31 @@ std::vector<torch::Tensor> unique_params(const torch::nn::Module& m) {
 // K steps, then: weights bitwise equal on every rank; the shards' state bytes add up
 // to the whole optimizer's, each about 1/N of it; and the state gathered to rank 0
 // and saved loads into a plain optimizer equal to the whole one.
+// At stage 2 also: each rank holds only its own parameters' gradients, and they add
+// up to every trainable parameter's once.
 int parity(World& world, const Args& a) {
   Pair pair(world, a);
   for (int s = 0; s < a.steps; ++s) pair.step(s, world);
   std::string what;
-  if (!same_weights(*pair.plain_model, *pair.sharded_model, what)) return report(world, "parity", false, what);
+  const double tolerance = a.stage == 2 ? kStageTwoTolerance : 0;
+  if (!same_weights(*pair.plain_model, *pair.sharded_model, what, tolerance))
+    return report(world, "parity", false, what);
+  if (a.stage == 2) {
+    std::int64_t trainable = 0;
+    for (const auto& p : unique_params(*pair.sharded_model))
+      if (p.requires_grad()) trainable += static_cast<std::int64_t>(p.nbytes());
+    const auto held = pair.sharded_opt.gradient_sharder()->local_gradient_bytes();
+    auto sum = torch::tensor({held}, torch::kLong);
+    world.group().all_reduce(sum);
+    std::int64_t own = 0;
+    for (const auto& p : pair.sharded_opt.shard())
+      if (p.requires_grad()) own += static_cast<std::int64_t>(p.nbytes());
+    if (sum.item<std::int64_t>() != trainable || held != own)
+      return report(world, "parity", false,
+                    "gradient bytes: held " + std::to_string(held) + ", own parameters " + std::to_string(own) +
+                        ", sum " + std::to_string(sum.item<std::int64_t>()) + ", trainable " +
+                        std::to_string(trainable));
+  }
 
   const auto whole_bytes = cohort::zero::optimizer_state_bytes(*pair.plain_opt);
   const auto mine = pair.sharded_opt.local_state_bytes();
@@ -250,7 +299,8 @@ int parity(World& world, const Args& a) {
     const auto text = bytes.str();
     in.load_from(text.data(), text.size());
     plain->load(in);
-    gathered_ok = same_states(*plain, unique_params(*third), *pair.plain_opt, unique_params(*pair.plain_model), what);
+    gathered_ok = same_states(*plain, unique_params(*third), *pair.plain_opt, unique_params(*pair.plain_model), what,
+                              tolerance);
   }
   pair.sharded_opt.release_gathered_state();
   world.group().barrier();
@@ -282,7 +332,8 @@ int resume(World& world, const Args& a) {
                       std::to_string(whole_bytes));
   for (int s = 0; s < a.steps; ++s) pair.step(100 + s, world);
   std::string what;
-  if (!same_weights(*pair.plain_model, *pair.sharded_model, what)) return report(world, "resume", false, what);
+  if (!same_weights(*pair.plain_model, *pair.sharded_model, what, a.stage == 2 ? kStageTwoTolerance : 0))
+    return report(world, "resume", false, what);
   return report(world, "resume", true, "continued " + std::to_string(a.steps) + " steps from " + a.file);
 }
 
@@ -294,14 +345,43 @@ int amp(World& world, const Args& a) {
   for (int s = 0; s < a.steps; ++s)
     pair.step(s, world, &plain_scaler, &sharded_scaler, s == 2 && world.rank() == world.size() - 1);
   std::string what;
-  bool ok = same_weights(*pair.plain_model, *pair.sharded_model, what);
+  bool ok = same_weights(*pair.plain_model, *pair.sharded_model, what, a.stage == 2 ? kStageTwoTolerance : 0);
   ok = ok && plain_scaler.get_scale() == sharded_scaler.get_scale() && sharded_scaler.get_scale() < 1024 * 4;
   return report(world, "amp", ok, ok ? "scale " + std::to_string(sharded_scaler.get_scale()) : what);
 }
 
-// Rank 1 asks for another bucket size (--mismatch cap), another learning rate
-// (--mismatch lr) or no factory at all (--mismatch factory): every rank refuses, none
-// hangs.
+// Stage 2's gradient accumulation against DDP's: per step, two micro-batches under
+// no_sync, a third synchronised; then a synchronised backward twice before one
+// step (each adds its average, as under DDP).
+int accumulate(World& world, const Args& a) {
+  Pair pair(world, a);
+  auto backward_both = [&](int step, int micro) {
+    auto b = rows(step * 10 + micro, world.rank(), world.size());
+    torch::mse_loss(pair.plain(b.x), b.y).backward();
+    torch::mse_loss(pair.sharded_forward(b.x), b.y).backward();
+  };
+  for (int s = 0; s < a.steps; ++s) {
+    pair.plain_opt->zero_grad();
+    pair.sharded_opt.zero_grad();
+    {
+      auto plain_guard = pair.plain.no_sync();
+      auto sharded_guard = pair.sharded_opt.no_sync();
+      backward_both(s, 0);
+      backward_both(s, 1);
+    }
+    backward_both(s, 2);
+    if (s == a.steps - 1) backward_both(s, 3);  // a second synchronised backward adds on
+    pair.plain_opt->step();
+    pair.sharded_opt.step();
+  }
+  std::string what;
+  const bool ok = same_weights(*pair.plain_model, *pair.sharded_model, what, kStageTwoTolerance);
+  return report(world, "accumulate", ok, ok ? "equal to DDP's no_sync within float rounding" : what);
+}
+
+// Rank 1 asks for another bucket size (--file cap), another learning rate (--file
+// lr), no factory at all (--file factory) or stage 2 alone (--file stage): every rank
+// refuses, none hangs.
 int mismatch(World& world, const Args& a) {
   torch::manual_seed(7);
   Net model;
@@ -314,7 +394,9 @@ int mismatch(World& world, const Args& a) {
   if (odd && a.file == "factory") make = nullptr;
   try {
     ShardedOptimizer opt(model->parameters(), world.group(), make,
-                         cohort::zero::ShardedOptimizerOptions().bucket_cap_bytes(odd && a.file == "cap" ? 1000 : 2000));
+                         cohort::zero::ShardedOptimizerOptions()
+                             .bucket_cap_bytes(odd && a.file == "cap" ? 1000 : 2000)
+                             .shard_gradients(odd && a.file == "stage"));
   } catch (const cohort::ConfigError& e) {
     return report(world, "mismatch", true, std::string("caught: ") + e.what());
   }
@@ -331,6 +413,7 @@ int main(int argc, char** argv) {
   if (args.scenario == "resume") return resume(world, args);
   if (args.scenario == "amp") return amp(world, args);
   if (args.scenario == "mismatch") return mismatch(world, args);
+  if (args.scenario == "accumulate") return accumulate(world, args);
   std::cerr << "unknown scenario " << args.scenario << std::endl;
   return 2;
 }

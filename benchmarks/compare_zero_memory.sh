@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Memory per rank: DDP against ZeRO-1 and ZeRO-2 on a 21M-parameter model with Adam,
+# at worlds 2 and 4, each in fresh processes (BENCHMARKS.md, docs/zero.md). Memory is
+# not disturbed by other load, so this needs no quiet machine.
+#   benchmarks/compare_zero_memory.sh [BUILD_DIR]
+set -euo pipefail
+build=${1:-build}
+export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
+for world in 2 4; do
+  for mode in ddp zero1 zero2; do
+    "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 \
+      "$build/benchmarks/zero_memory" --mode "$mode" | sed 's/^\[rank0\]: //'
+  done
+done

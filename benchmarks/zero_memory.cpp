@@ -1,0 +1,139 @@
+// Memory per rank of DDP against ZeRO-1 and ZeRO-2 (docs/zero.md), one process per
+// rank under `cohort run`; compare_zero_memory.sh runs it at worlds 2 and 4.
+//
+//   zero_memory --mode ddp|zero1|zero2 [--width W] [--layers L] [--steps K]
+//
+// The model is L linear layers of W x W (default 5 x 2048: 21.0M parameters, 84 MB
+// in float32), trained with Adam for K steps on one random batch. After the last
+// backward (before its step) each rank counts the bytes of its parameters, of the
+// gradients it holds (DDP's buckets, as .grad aliases them with
+// gradient_as_bucket_view), and of its optimizer state after the step; and its peak
+// RSS over the steps, beside its RSS before the model existed. Rank 0 prints one JSON
+// line per rank, with the ZeRO paper's per-rank formulas in float32 terms: DDP
+// (4+4+K)Ψ, ZeRO-1 4Ψ+4Ψ+KΨ/N, ZeRO-2 4Ψ+(4+K)Ψ/N, ZeRO-3 (4+4+K)Ψ/N, with K = 8
+// bytes of Adam state per parameter. (The paper counts mixed precision: 2Ψ of
+// float16 parameters and gradients, K = 12 for float32 master weights and moments.)
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cohort/comm/world.h"
+#include "cohort/ddp/distributed_data_parallel.h"
+#include "cohort/elastic/error_file.h"
+#include "cohort/zero/sharded_optimizer.h"
+#include "cohort/zero/state_bytes.h"
+#include "process_memory.h"
+
+namespace {
+
+using cohort::bench::status_mb;
+using Json = nlohmann::ordered_json;
+
+struct Args {
+  std::string mode = "ddp";
+  std::int64_t width = 2048;
+  int layers = 5;
+  int steps = 3;
+};
+
+torch::nn::Sequential make_model(const Args& a) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int i = 0; i < a.layers; ++i) {
+    model->push_back(torch::nn::Linear(a.width, a.width));
+    if (i + 1 < a.layers) model->push_back(torch::nn::ReLU());
+  }
+  return model;
+}
+
+std::int64_t bytes_of(const std::vector<torch::Tensor>& tensors, bool grads) {
+  std::int64_t n = 0;
+  for (const auto& t : tensors) {
+    const auto& x = grads ? t.grad() : t;
+    if (x.defined()) n += static_cast<std::int64_t>(x.nbytes());
+  }
+  return n;
+}
+
+int run(const Args& a, cohort::comm::World& world) {
+  torch::set_num_threads(1);
+  const double rss_before_mb = status_mb("VmRSS");
+  auto model = make_model(a);
+  auto adam = [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-4));
+  };
+  std::optional<cohort::ddp::DistributedDataParallel<torch::nn::Sequential>> ddp;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (a.mode == "zero2") {
+    optimizer = std::make_unique<cohort::zero::ShardedOptimizer>(
+        model->parameters(), world.group(), adam, cohort::zero::ShardedOptimizerOptions().shard_gradients(true));
+  } else {
+    ddp.emplace(model, world.group(), cohort::ddp::DistributedDataParallelOptions().gradient_as_bucket_view(true));
+    if (a.mode == "zero1")
+      optimizer = std::make_unique<cohort::zero::ShardedOptimizer>(model->parameters(), world.group(), adam);
+    else
+      optimizer = adam(model->parameters());
+  }
+  auto forward = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : model->forward(x); };
+  const auto x = torch::randn({16, a.width});
+  std::int64_t gradient_bytes = 0;
+  for (int s = 0; s < a.steps; ++s) {
+    optimizer->zero_grad();
+    forward(x).square().mean().backward();
+    gradient_bytes = bytes_of(model->parameters(), /*grads=*/true);
+    optimizer->step();
+  }
+  const auto params = model->parameters();
+  const double psi = static_cast<double>(bytes_of(params, false)) / 4;  // parameters (float32)
+  const auto* sharded = dynamic_cast<const cohort::zero::ShardedOptimizer*>(optimizer.get());
+  const std::int64_t state = sharded ? sharded->local_state_bytes() : cohort::zero::optimizer_state_bytes(*optimizer);
+  const double n = world.size(), k = 8;
+  auto mine = torch::tensor({static_cast<double>(bytes_of(params, false)), static_cast<double>(gradient_bytes),
+                             static_cast<double>(state), status_mb("VmHWM"), rss_before_mb},
+                            torch::kDouble);
+  auto all = world.group().all_gather(mine);
+  if (world.rank() != 0) return 0;
+  const double mib = 1024.0 * 1024.0;
+  for (int r = 0; r < world.size(); ++r) {
+    auto v = all[static_cast<std::size_t>(r)];
+    std::cout << Json{{"mode", a.mode},
+                      {"world", world.size()},
+                      {"rank", r},
+                      {"parameters_million", psi / 1e6},
+                      {"parameter_mib", v[0].item<double>() / mib},
+                      {"gradient_mib", v[1].item<double>() / mib},
+                      {"optimizer_state_mib", v[2].item<double>() / mib},
+                      {"tensor_total_mib", (v[0].item<double>() + v[1].item<double>() + v[2].item<double>()) / mib},
+                      {"formula_mib",
+                       {{"ddp", (4 + 4 + k) * psi / mib},
+                        {"zero1", (4 + 4 + k / n) * psi / mib},
+                        {"zero2", (4 + (4 + k) / n) * psi / mib},
+                        {"zero3", (4 + 4 + k) / n * psi / mib}}},
+                      {"peak_rss_mib", v[3].item<double>()},
+                      {"rss_before_model_mib", v[4].item<double>()}}
+                     .dump()
+              << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return cohort::elastic::record([&] {
+    Args a;
+    CLI::App app("DDP against ZeRO-1 and ZeRO-2: memory per rank");
+    app.add_option("--mode", a.mode, "ddp, zero1 or zero2")->check(CLI::IsMember({"ddp", "zero1", "zero2"}));
+    app.add_option("--width", a.width, "features of each linear layer")->check(CLI::Range(1, 1 << 16));
+    app.add_option("--layers", a.layers, "linear layers")->check(CLI::Range(1, 64));
+    app.add_option("--steps", a.steps, "training steps")->check(CLI::Range(1, 1000));
+    CLI11_PARSE(app, argc, argv);
+    auto world = cohort::comm::World::init();
+    return run(a, world);
+  });
+}
