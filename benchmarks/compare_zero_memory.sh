@@ -2,6 +2,8 @@
 # Memory per rank: DDP against ZeRO-1 and ZeRO-2 on a 21M-parameter model with Adam,
 # at worlds 2 and 4, each in fresh processes (BENCHMARKS.md, docs/zero.md). Memory is
 # not disturbed by other load, so this needs no quiet machine.
+# Then the same at world 4 with 4 MiB buckets: ZeRO-2's transient gradients scale
+# with the bucket size, which is large against this model's 16 MiB layers.
 #   benchmarks/compare_zero_memory.sh [BUILD_DIR]
 set -euo pipefail
 build=${1:-build}
@@ -11,4 +13,8 @@ for world in 2 4; do
     "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 \
       "$build/benchmarks/zero_memory" --mode "$mode" | sed 's/^\[rank0\]: //'
   done
+done
+for mode in ddp zero1 zero2; do
+  "$build/tools/cohort/cohort" run --nproc-per-node 4 --local-ranks-filter 0 \
+    "$build/benchmarks/zero_memory" --mode "$mode" --bucket-mib 4 | sed 's/^\[rank0\]: //'
 done

@@ -1,7 +1,7 @@
 // Memory per rank of DDP against ZeRO-1 and ZeRO-2 (docs/zero.md), one process per
 // rank under `cohort run`; compare_zero_memory.sh runs it at worlds 2 and 4.
 //
-//   zero_memory --mode ddp|zero1|zero2 [--width W] [--layers L] [--steps K]
+//   zero_memory --mode ddp|zero1|zero2 [--width W] [--layers L] [--steps K] [--bucket-mib B]
 //
 // The model is L linear layers of W x W (default 5 x 2048: 21.0M parameters, 84 MB
 // in float32), trained with Adam for K steps on one random batch. After the last
@@ -13,6 +13,8 @@
 // (4+4+K)Ψ, ZeRO-1 4Ψ+4Ψ+KΨ/N, ZeRO-2 4Ψ+(4+K)Ψ/N, ZeRO-3 (4+4+K)Ψ/N, with K = 8
 // bytes of Adam state per parameter. (The paper counts mixed precision: 2Ψ of
 // float16 parameters and gradients, K = 12 for float32 master weights and moments.)
+// B sizes the gradient buckets of DDP and ZeRO-2 (default 25 MiB, both's default):
+// ZeRO-2's gradients in transit take about three buckets (Note [ZeRO-2 gradients]).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -39,6 +41,7 @@ struct Args {
   std::int64_t width = 2048;
   int layers = 5;
   int steps = 3;
+  std::int64_t bucket_mib = 25;
 };
 
 torch::nn::Sequential make_model(const Args& a) {
@@ -71,9 +74,12 @@ int run(const Args& a, cohort::comm::World& world) {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (a.mode == "zero2") {
     optimizer = std::make_unique<cohort::zero::ShardedOptimizer>(
-        model->parameters(), world.group(), adam, cohort::zero::ShardedOptimizerOptions().shard_gradients(true));
+        model->parameters(), world.group(), adam,
+        cohort::zero::ShardedOptimizerOptions().shard_gradients(true).bucket_cap_bytes(a.bucket_mib << 20));
   } else {
-    ddp.emplace(model, world.group(), cohort::ddp::DistributedDataParallelOptions().gradient_as_bucket_view(true));
+    ddp.emplace(model, world.group(),
+                cohort::ddp::DistributedDataParallelOptions().gradient_as_bucket_view(true).bucket_cap_bytes(
+                    a.bucket_mib << 20));
     if (a.mode == "zero1")
       optimizer = std::make_unique<cohort::zero::ShardedOptimizer>(model->parameters(), world.group(), adam);
     else
@@ -103,6 +109,7 @@ int run(const Args& a, cohort::comm::World& world) {
     auto v = all[static_cast<std::size_t>(r)];
     std::cout << Json{{"mode", a.mode},
                       {"world", world.size()},
+                      {"bucket_mib", a.bucket_mib},
                       {"rank", r},
                       {"parameters_million", psi / 1e6},
                       {"parameter_mib", v[0].item<double>() / mib},
@@ -132,6 +139,8 @@ int main(int argc, char** argv) {
     app.add_option("--width", a.width, "features of each linear layer")->check(CLI::Range(1, 1 << 16));
     app.add_option("--layers", a.layers, "linear layers")->check(CLI::Range(1, 64));
     app.add_option("--steps", a.steps, "training steps")->check(CLI::Range(1, 1000));
+    app.add_option("--bucket-mib", a.bucket_mib, "gradient bucket cap of DDP and ZeRO-2, MiB")
+        ->check(CLI::Range(1, 1024));
     CLI11_PARSE(app, argc, argv);
     auto world = cohort::comm::World::init();
     return run(a, world);

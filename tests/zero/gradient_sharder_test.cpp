@@ -57,17 +57,85 @@ TEST(ZeroGradientSharder, NoSyncAccumulatesLocallyAndTheNextBackwardSendsTheSum)
     ShardedOptimizer opt({p.w, p.b}, world.group(), sgd(), ShardedOptimizerOptions().shard_gradients(true));
     const auto& mine = world.rank() == 0 ? p.w : p.b;
     const auto& theirs = world.rank() == 0 ? p.b : p.w;
-    p.backward(world.rank());  // an average of 1.5, not cleared before no_sync
+    for (int round = 0; round < 2; ++round) {
+      opt.zero_grad();
+      {
+        auto guard = opt.no_sync();
+        p.backward(world.rank());
+        // Local, full size, on every rank: this rank's own gradient only.
+        EXPECT_TRUE(torch::equal(theirs.grad(), torch::full_like(theirs, world.rank() + 1.0))) << theirs.grad();
+      }
+      p.backward(world.rank());
+      // The average of two backwards: (2 + 4) / 2.
+      EXPECT_TRUE(torch::equal(mine.grad(), torch::full_like(mine, 3.0))) << "round " << round << mine.grad();
+      EXPECT_FALSE(theirs.grad().defined());
+      opt.step();
+    }
+  });
+}
+
+// An average left in .grad would be divided and summed again by the next
+// synchronised backward, and no later zero_grad could tell it from the local sum.
+TEST(ZeroGradientSharder, NoSyncOnTopOfAnUnclearedAverageIsRefused) {
+  cohort::testing::run_thread_world(2, [](cohort::comm::World& world) {
+    Params p;
+    ShardedOptimizer opt({p.w, p.b}, world.group(), sgd(), ShardedOptimizerOptions().shard_gradients(true));
+    p.backward(world.rank());
     {
       auto guard = opt.no_sync();
-      p.backward(world.rank());
-      // Local, full size, on every rank: this rank's own gradient only.
-      EXPECT_TRUE(torch::equal(theirs.grad(), torch::full_like(theirs, world.rank() + 1.0))) << theirs.grad();
+      try {
+        p.backward(world.rank());
+        ADD_FAILURE() << "no_sync accumulated on top of an average";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("Call zero_grad()"), std::string::npos) << e.what();
+      }
     }
+    opt.zero_grad();
     p.backward(world.rank());
-    // 1.5 held before no_sync, plus the average of two backwards (3.0), not 1.5 / 2.
-    EXPECT_TRUE(torch::equal(mine.grad(), torch::full_like(mine, 4.5))) << mine.grad();
-    EXPECT_FALSE(theirs.grad().defined());
+    const auto& mine = world.rank() == 0 ? p.w : p.b;
+    EXPECT_TRUE(torch::equal(mine.grad(), torch::full_like(mine, 1.5))) << mine.grad();
+  });
+}
+
+// Throws in backward, after the other parameter's gradient was taken.
+struct FailingBackward : torch::autograd::Function<FailingBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    throw std::runtime_error("a failing backward");
+  }
+};
+
+// Note [An abandoned backward]: every rank's backward fails at the same point; the
+// next one is whole again.
+TEST(ZeroGradientSharder, ABackwardThatFailedPartWayDoesNotPoisonTheNext) {
+  cohort::testing::run_thread_world(2, [](cohort::comm::World& world) {
+    Params p;
+    ShardedOptimizer opt({p.w, p.b}, world.group(), sgd(), ShardedOptimizerOptions().shard_gradients(true));
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      auto failing = FailingBackward::apply(p.b).sum();
+      EXPECT_THROW((failing + p.w.sum()).backward(), std::exception);
+    }
+    opt.zero_grad();
+    p.backward(world.rank());
+    const auto& mine = world.rank() == 0 ? p.w : p.b;
+    EXPECT_TRUE(torch::equal(mine.grad(), torch::full_like(mine, 1.5))) << mine.grad();
+    {
+      auto guard = opt.no_sync();  // not "entered during a backward"
+    }
+    EXPECT_NO_THROW(opt.step());
+  });
+}
+
+// Gradient clipping over the shards: the norm of the whole model's averaged
+// gradients (36 elements of 1.5: 9), the same on every rank.
+TEST(ZeroGradientSharder, ClippingSeesEveryRanksShard) {
+  cohort::testing::run_thread_world(2, [](cohort::comm::World& world) {
+    Params p;
+    ShardedOptimizer opt({p.w, p.b}, world.group(), sgd(), ShardedOptimizerOptions().shard_gradients(true));
+    p.backward(world.rank());
+    EXPECT_NEAR(opt.clip_grad_norm(1.0), 9.0, 1e-9);
+    const auto& mine = world.rank() == 0 ? p.w : p.b;
+    EXPECT_TRUE(torch::allclose(mine.grad(), torch::full_like(mine, 1.5 / (9.0 + 1e-6)))) << mine.grad();
   });
 }
 

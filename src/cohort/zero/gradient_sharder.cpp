@@ -56,10 +56,32 @@ GradientSharder::GradientSharder(std::vector<at::Tensor> params, std::vector<int
     plan_ = ddp::plan_buckets(metas, ddp::reverse_registration_order(metas.size()),
                               ddp::BucketOptions().bucket_cap_bytes(bucket_cap_bytes).first_bucket_cap_bytes(
                                   bucket_cap_bytes));
-  incoming_.resize(trainable_.size());
+  // Each bucket's parameters grouped by owner, owners ascending, in plan order within.
+  place_.resize(trainable_.size());
+  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+    std::vector<OwnerSlice> slices;
+    for (auto k : plan_.buckets[b].params) {
+      auto it = std::find_if(slices.begin(), slices.end(), [&](const auto& s) { return s.owner == owner(k); });
+      if (it == slices.end()) it = slices.insert(slices.end(), OwnerSlice{owner(k), {}, {}, 0});
+      place_[k] = {static_cast<std::size_t>(it - slices.begin()), it->members.size()};
+      it->members.push_back(k);
+      it->offsets.push_back(it->numel);
+      it->numel += param(k).numel();
+    }
+    // Owners ascending, the order every rank issues the reduces in.
+    std::vector<std::size_t> order(slices.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](auto x, auto y) { return slices[x].owner < slices[y].owner; });
+    std::vector<OwnerSlice> sorted;
+    for (auto i : order) sorted.push_back(std::move(slices[i]));
+    for (std::size_t i = 0; i < sorted.size(); ++i)
+      for (auto k : sorted[i].members) place_[k].first = i;
+    layout_.push_back(std::move(sorted));
+  }
+  ready_.assign(trainable_.size(), false);
   local_.assign(trainable_.size(), false);
-  set_aside_.resize(trainable_.size());
   pending_.assign(plan_.buckets.size(), 0);
+  filling_.resize(plan_.buckets.size());
   for (std::size_t k = 0; k < trainable_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(param(k));
     TORCH_INTERNAL_ASSERT(acc, "a leaf parameter that requires grad has a gradient accumulator");
@@ -81,6 +103,7 @@ GradientSharder::~GradientSharder() {
 
 void GradientSharder::set_sync(bool sync) {
   std::lock_guard<std::mutex> lock(mutex_);
+  drop_abandoned_backward();
   if (armed_)
     throw ConfigError("cohort ShardedOptimizer: no_sync() was entered or left during a backward; enter it before "
                       "the forward whose backward should not synchronise");
@@ -97,29 +120,33 @@ at::Tensor GradientSharder::take(std::size_t k, const at::Tensor& incoming) {
   at::NoGradGuard no_grad;
   auto& grad = param(k).mutable_grad();
   if (!sync_) {
-    // An owner's earlier average is set aside rather than summed over the ranks again.
-    if (!local_[k] && grad.defined() && owner(k) == group_.rank()) {
-      set_aside_[k] = grad;
-      grad.reset();
-    }
+    // Note [ZeRO-2 gradients]: an owner's average from an earlier synchronised
+    // backward would be summed over the ranks again; zeros (zero_grad) are harmless.
+    if (!local_[k] && grad.defined() && owner(k) == group_.rank() && grad.count_nonzero().item<std::int64_t>() > 0)
+      throw ConfigError(fmt::format(
+          "cohort ShardedOptimizer (rank {}): parameter {} still holds the average of an earlier synchronised "
+          "backward, and no_sync() would add local gradients to it. Call zero_grad() after step() and before the "
+          "next accumulation (each iteration: zero_grad; backward under no_sync for all micro-batches but the last; "
+          "backward; step)",
+          group_.rank(), trainable_[k]));
     local_[k] = true;
     return incoming;
   }
+  drop_abandoned_backward();
   if (!armed_) arm();
-  if (incoming_[k].defined())
+  if (ready_[k])
     throw ConfigError(fmt::format(
         "cohort ShardedOptimizer (rank {}): parameter {} received its gradient twice in one backward (reentrant "
         "backward, or a second backward over part of the graph); run one backward per forward, or wrap the extra "
         "ones in no_sync()",
         group_.rank(), trainable_[k]));
-  at::Tensor contribution = incoming.defined() ? incoming : at::zeros_like(param(k));
   if (local_[k] && grad.defined()) {
-    contribution = grad + contribution;
+    fill(k, grad, incoming);
     grad.reset();
+  } else {
+    fill(k, incoming, at::Tensor());
   }
-  local_[k] = false;
-  incoming_[k] = contribution;
-  if (--pending_[plan_.bucket_of[k]] == 0) launch_ready_buckets();
+  mark_ready(k);
   return at::Tensor();  // nothing for autograd to accumulate
 }
 
@@ -127,7 +154,49 @@ void GradientSharder::arm() {
   armed_ = true;
   next_bucket_ = 0;
   for (std::size_t b = 0; b < plan_.buckets.size(); ++b) pending_[b] = plan_.buckets[b].params.size();
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+  // Note [An abandoned backward]: the callback owns the token, the sharder watches it.
+  auto token = std::make_shared<char>();
+  backward_token_ = token;
+  torch::autograd::Engine::get_default_engine().queue_callback([this, token] { finalize_backward(); });
+}
+
+// Note [An abandoned backward]
+// Autograd runs a backward's final callbacks only when the backward succeeds. One
+// that threw part-way (an error in a user's function, a refused input) never calls
+// finalize_backward(), and the sharder would stay armed: every later backward would
+// look like a second gradient in the same one. The queued callback owns a token; when
+// the failed backward's graph task is destroyed, the token goes with it, and the next
+// hook to fire finds the sharder armed by a backward that no longer exists. What it
+// launched is dropped: if every rank failed at the same point (the same bad input),
+// the ranks stay paired; if only some did, the others' next collective times out,
+// naming the operation (docs/zero.md, Limits).
+void GradientSharder::drop_abandoned_backward() {
+  if (armed_ && backward_token_.expired()) reset_iteration();
+}
+
+void GradientSharder::fill(std::size_t k, const at::Tensor& a, const at::Tensor& b) {
+  const auto bucket = plan_.bucket_of[k];
+  const auto [slice, position] = place_[k];
+  auto& flats = filling_[bucket];
+  if (flats.empty())
+    for (const auto& s : layout_[bucket]) flats.push_back(at::empty({s.numel}, param(k).options()));
+  const auto& p = param(k);
+  auto view = alias(flats[slice], layout_[bucket][slice].offsets[position], p.sizes());
+  // Note [Divide on the way in] (ddp/reducer.cpp): the same operations as DDP's.
+  if (a.defined() && b.defined()) {
+    at::add_out(view, a, b);
+    view.mul_(inverse_world_);
+  } else if (a.defined() || b.defined()) {
+    at::mul_out(view, a.defined() ? a : b, inverse_world_);
+  } else {
+    view.zero_();
+  }
+}
+
+void GradientSharder::mark_ready(std::size_t k) {
+  ready_[k] = true;
+  local_[k] = false;
+  if (--pending_[plan_.bucket_of[k]] == 0) launch_ready_buckets();
 }
 
 // Note [Bucket ready order], invariant 3: strictly in plan order on every rank.
@@ -143,41 +212,26 @@ void GradientSharder::launch_ready_buckets() {
 }
 
 void GradientSharder::launch(std::size_t bucket) {
-  const auto& members = plan_.buckets[bucket].params;
-  std::vector<int> owners;
-  for (auto k : members) owners.push_back(owner(k));
-  std::sort(owners.begin(), owners.end());
-  owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
-  for (int o : owners) {
-    InFlight f{bucket, o, {}, {}, {}};
-    std::vector<at::Tensor> pieces;
-    for (auto k : members) {
-      if (owner(k) != o) continue;
-      f.members.push_back(k);
-      pieces.push_back(incoming_[k].reshape(-1));
-      incoming_[k] = at::Tensor();
-    }
-    // Note [Divide on the way in] (ddp/reducer.cpp): the same multiplication as DDP's.
-    f.flat = at::cat(pieces).mul_(inverse_world_);
-    f.pending = group_.reduce_async(f.flat, o);
+  auto flats = std::move(filling_[bucket]);
+  filling_[bucket].clear();
+  for (std::size_t i = 0; i < flats.size(); ++i) {
+    InFlight f{bucket, i, std::move(flats[i]), {}};
+    f.pending = group_.reduce_async(f.flat, layout_[bucket][i].owner);
     in_flight_.push_back(std::move(f));
   }
 }
 
 void GradientSharder::land(InFlight& f) {
   f.pending.wait();
-  if (f.owner != group_.rank()) return;  // the flat (this rank's contribution) is dropped
+  const auto& slice = layout_[f.bucket][f.slice];
+  if (slice.owner != group_.rank()) return;  // the flat (this rank's contribution) is dropped
   at::NoGradGuard no_grad;
-  std::int64_t offset = 0;
-  for (auto k : f.members) {
+  for (std::size_t m = 0; m < slice.members.size(); ++m) {
+    const auto k = slice.members[m];
     auto& p = param(k);
-    auto sum = alias(f.flat, offset, p.sizes());
-    offset += p.numel();
+    auto sum = alias(f.flat, slice.offsets[m], p.sizes());
     auto& grad = p.mutable_grad();
-    if (set_aside_[k].defined()) {
-      grad = set_aside_[k].add_(sum);
-      set_aside_[k] = at::Tensor();
-    } else if (grad.defined()) {
+    if (grad.defined()) {
       grad.add_(sum);
     } else {
       grad = sum;
@@ -191,21 +245,13 @@ void GradientSharder::finalize_backward() {
   at::NoGradGuard no_grad;
   try {
     // Parameters without a gradient in this backward: their local sum, or zeros.
-    for (std::size_t b = next_bucket_; b < plan_.buckets.size(); ++b) {
-      for (auto k : plan_.buckets[b].params) {
-        if (incoming_[k].defined()) continue;
-        auto& grad = param(k).mutable_grad();
-        if (local_[k] && grad.defined()) {
-          incoming_[k] = grad;
-          grad.reset();
-        } else {
-          incoming_[k] = at::zeros_like(param(k));
-        }
-        local_[k] = false;
-      }
-      pending_[b] = 0;
+    for (std::size_t k = 0; k < trainable_.size(); ++k) {
+      if (ready_[k]) continue;
+      auto& grad = param(k).mutable_grad();
+      fill(k, local_[k] ? grad : at::Tensor(), at::Tensor());
+      if (local_[k]) grad.reset();
+      mark_ready(k);
     }
-    launch_ready_buckets();
     while (!in_flight_.empty()) {
       land(in_flight_.front());
       in_flight_.pop_front();
@@ -220,11 +266,18 @@ void GradientSharder::finalize_backward() {
 void GradientSharder::reset_iteration() {
   armed_ = false;
   in_flight_.clear();
-  for (auto& t : incoming_) t = at::Tensor();
+  for (auto& f : filling_) f.clear();
+  std::fill(ready_.begin(), ready_.end(), false);
 }
 
-void GradientSharder::check_before_step() const {
+void GradientSharder::check_before_step() {
   std::lock_guard<std::mutex> lock(mutex_);
+  drop_abandoned_backward();
+  if (armed_)
+    throw ConfigError(fmt::format(
+        "cohort ShardedOptimizer (rank {}): step() was called while a backward's gradient reduction is unfinished "
+        "(the backward failed part-way, or step() ran inside it); its gradients are incomplete",
+        group_.rank()));
   for (std::size_t k = 0; k < trainable_.size(); ++k) {
     const auto& p = params_[trainable_[k]];
     if (owners_[trainable_[k]] == group_.rank() || local_[k] || !p.grad().defined()) continue;

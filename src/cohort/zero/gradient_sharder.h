@@ -7,24 +7,28 @@
 // Note [ZeRO-2 gradients]
 // A pre-hook on each trainable parameter's AccumulateGrad node takes the gradient
 // before autograd accumulates it, so autograd never writes .grad during a
-// synchronised backward: a gradient exists as a full-size tensor only until its
-// bucket is launched. Buckets follow DDP's first plan (ddp/bucket_plan.h: reverse
+// synchronised backward. Buckets follow DDP's first plan (ddp/bucket_plan.h: reverse
 // registration order, launched strictly in plan order on every rank, Note [Bucket
-// ready order]). Within a bucket, each owner's gradients are flattened into one
-// tensor, divided by the world size (as DDP divides on the way in), and reduced
-// (a sum) to that owner: one c10d reduce per owner and bucket, which is a
-// reduce-scatter with uneven shards. Gloo in LibTorch 1.13 has no reduce_scatter,
+// ready order]). A bucket holds one flat tensor per owner of its parameters, made
+// when its first gradient arrives; each gradient is written into its owner's flat
+// divided by the world size (the same multiplication as DDP's, Note [Divide on the
+// way in]) and dropped, so a gradient outlives its arrival only inside a flat. A full
+// bucket sends each flat by a reduce (a sum) to its owner: one c10d reduce per owner
+// and bucket, which is a reduce-scatter with uneven shards. Gloo in LibTorch 1.13 has no reduce_scatter,
 // and c10d's average over Gloo is a sum in some versions, so it is a sum of divided
 // values on every backend. The owner's .grad becomes its share of the result,
 // aliasing the received tensor (no copy); the other ranks keep no gradient of it.
-// At most two buckets are in flight: launching a third first lands the oldest.
+// At most two buckets are in flight: launching a third first lands the oldest, so
+// gradients in transit take about three buckets at most (two sent, one filling).
 //
 // Accumulation follows DDP: a parameter's .grad after a synchronised backward is
 // what it held before (an earlier average not yet cleared by zero_grad) plus this
 // backward's average. Under no_sync, autograd accumulates into .grad locally as
 // usual (full size on every rank), and the next synchronised backward sends that
-// local sum together with its own gradient; an earlier average that an owner held
-// when no_sync began is set aside and added back, not divided again.
+// local sum together with its own gradient. An owner whose .grad still holds an
+// earlier average when no_sync begins refuses it (that average would be divided and
+// summed again, and a later zero_grad could not tell it from the local sum):
+// zero_grad() first, as every accumulation loop does.
 //
 // A parameter that receives no gradient in a synchronised backward (unused in this
 // forward, on this rank) contributes zeros, so every rank launches every bucket.
@@ -61,7 +65,8 @@ class GradientSharder {
 
   // Throws ConfigError when a parameter this rank does not own holds a gradient
   // that this sharder did not leave there (the model is also under DDP, say).
-  void check_before_step() const;
+  // Also refuses a step while a backward's reduction is unfinished.
+  void check_before_step();
 
   // Bytes of gradient this rank holds (.grad of every parameter).
   std::int64_t local_gradient_bytes() const;
@@ -73,26 +78,39 @@ class GradientSharder {
   void finalize_backward();
 
  private:
-  struct InFlight {
-    std::size_t bucket = 0;
+  // One owner's part of a bucket: its parameters and where each starts in the flat.
+  struct OwnerSlice {
     int owner = 0;
     std::vector<std::size_t> members;  // indexes into trainable_
-    at::Tensor flat;                   // the divided gradients; the sum, on the owner, once landed
+    std::vector<std::int64_t> offsets;
+    std::int64_t numel = 0;
+  };
+  struct InFlight {
+    std::size_t bucket = 0;
+    std::size_t slice = 0;  // into layout_[bucket]
+    at::Tensor flat;        // the divided gradients; on the owner, once landed, their sum
     comm::Pending pending;
   };
   at::Tensor& param(std::size_t k) { return params_[trainable_[k]]; }
   int owner(std::size_t k) const { return owners_[trainable_[k]]; }
   void arm();
+  // Writes (a + b) / world into parameter k's place in its bucket; either may be
+  // undefined (zeros when both are).
+  void fill(std::size_t k, const at::Tensor& a, const at::Tensor& b);
+  void mark_ready(std::size_t k);
   void launch_ready_buckets();
   void launch(std::size_t bucket);
   void land(InFlight& f);
   void reset_iteration();
+  void drop_abandoned_backward();  // Note [An abandoned backward]
 
   std::vector<at::Tensor> params_;
   std::vector<int> owners_;
   comm::Group group_;
   std::vector<std::size_t> trainable_;  // indexes of the parameters that require grad
   ddp::BucketPlan plan_;                 // over trainable_
+  std::vector<std::vector<OwnerSlice>> layout_;  // per bucket, owners ascending
+  std::vector<std::pair<std::size_t, std::size_t>> place_;  // per parameter: its slice and position there
   at::Tensor inverse_world_;            // 1 / world size, a 0-dim double tensor (as DDP's)
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<const void*> hook_keys_;
@@ -100,12 +118,13 @@ class GradientSharder {
   mutable std::mutex mutex_;
   bool sync_ = true;
   bool armed_ = false;  // a synchronised backward is under way
-  std::vector<at::Tensor> incoming_;    // each parameter's contribution until its bucket goes
+  std::weak_ptr<char> backward_token_;  // owned by that backward's final callback
+  std::vector<bool> ready_;             // per parameter: written into its bucket this backward
+  std::vector<std::vector<at::Tensor>> filling_;  // per bucket: its flats, per slice, until launched
   std::vector<std::size_t> pending_;    // per bucket: gradients still missing
   std::size_t next_bucket_ = 0;
   std::deque<InFlight> in_flight_;
   std::vector<bool> local_;             // .grad holds a no_sync accumulation
-  std::vector<at::Tensor> set_aside_;   // an owner's earlier average, while no_sync accumulates
 };
 
 }  // namespace cohort::zero

@@ -5,6 +5,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <functional>
 #include <iostream>
@@ -326,6 +327,23 @@ void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
   if (shard_.empty()) return;
   local_ = make_(shard_);
   move_states(*whole, *local_, shard_);
+}
+
+double ShardedOptimizer::clip_grad_norm(double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : all_params())
+    if (p.grad().defined()) grads.push_back(p.grad());
+  const auto device = all_params().empty() ? at::Device(at::kCPU) : all_params()[0].device();
+  auto squares = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (const auto& g : grads) squares += g.to(at::kDouble).square().sum();
+  // With sharded gradients each rank holds its owners' share: the squares add up.
+  if (sharder_ && group_.size() > 1) group_.all_reduce(squares);
+  const double norm = std::sqrt(squares.item<double>());
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1)
+    for (auto& g : grads) g.mul_(coefficient);
+  return norm;
 }
 
 ShardedOptimizer::NoSync::NoSync(GradientSharder& sharder) : sharder_(sharder) { sharder_.set_sync(false); }

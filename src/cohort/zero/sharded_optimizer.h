@@ -107,6 +107,12 @@ class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::Gath
     GradientSharder& sharder_;
   };
   [[nodiscard]] NoSync no_sync();
+  // Collective: scales every gradient so that their total 2-norm over the whole
+  // model is at most max_norm, as torch::nn::utils::clip_grad_norm_ over every
+  // parameter would (coefficient max_norm / (norm + 1e-6), applied when below 1);
+  // returns the total norm, the same on every rank. With shard_gradients(true) use
+  // this, not clip_grad_norm_, which would see this rank's shard only.
+  double clip_grad_norm(double max_norm);
   // Null unless shard_gradients(true).
   const GradientSharder* gradient_sharder() const { return sharder_.get(); }
 
