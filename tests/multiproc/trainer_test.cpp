@@ -294,10 +294,15 @@ TEST(Trainer, ActivationCheckpointingChangesNoWeight) {
   EXPECT_TRUE(bitwise_equal(plain, recomputed)) << "largest difference " << max_difference(plain, recomputed);
 }
 
-// --zero 1 (docs/zero.md): the optimizer's state sharded over the ranks changes no
-// weight; each rank holds part of the state, which the final JSON reports; and its
+// --zero 1 and 2 (docs/zero.md): the optimizer's state (and at stage 2 the
+// gradients, reduced to their owners without DDP) sharded over the ranks changes no
+// weight: two ranks add two values, the same in either order, so stage 2 is bitwise
+// DDP too. Each rank holds its part, which the final JSON reports; and the
 // checkpoints (the state gathered whole to rank 0) resume at another world size.
-TEST(Trainer, ZeroOneChangesNoWeightAndResumesAtAnotherWorldSize) {
+class TrainerZero : public ::testing::TestWithParam<int> {};
+
+TEST_P(TrainerZero, ChangesNoWeightShardsAndResumesAtAnotherWorldSize) {
+  const auto stage = std::to_string(GetParam());
   TempDir dir("cohort-trainer");
   const auto data = cohort::testing::fashion_subset(dir.path, 1000);
   // SGD with momentum: world 1 x 32 and world 2 x 16 agree within float rounding
@@ -307,52 +312,10 @@ TEST(Trainer, ZeroOneChangesNoWeightAndResumesAtAnotherWorldSize) {
   const auto plain = dir.path + "/plain.pt", sharded = dir.path + "/sharded.pt", resumed = dir.path + "/resumed.pt";
   auto a = run_trainer(2, with(args, {"--batch-size", "16", "--save-final", plain}));
   ASSERT_EQ(a.exit_code, 0) << describe(a);
-  auto b = run_trainer(2, with(args, {"--batch-size", "16", "--zero", "1", "--save-final", sharded}));
+  auto b = run_trainer(2, with(args, {"--batch-size", "16", "--zero", stage, "--save-final", sharded}));
   ASSERT_EQ(b.exit_code, 0) << describe(b);
   EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
-  // Per rank: the whole state without ZeRO; with it, two shards that add up to it.
-  auto state_bytes = [](const std::string& out) {
-    std::vector<long long> bytes;
-    const std::string key = "\"optimizer_state_bytes\":";
-    for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1))
-      bytes.push_back(std::stoll(out.substr(at + key.size())));
-    return bytes;
-  };
-  const auto whole = state_bytes(a.out), shards = state_bytes(b.out);
-  ASSERT_EQ(whole.size(), 2u) << a.out;
-  ASSERT_EQ(shards.size(), 2u) << b.out;
-  EXPECT_EQ(whole[0], whole[1]);
-  EXPECT_EQ(shards[0] + shards[1], whole[0]);
-  EXPECT_LT(shards[0], whole[0]);
-  EXPECT_LT(shards[1], whole[0]);
-
-  // Stopped at step 10 by two ranks, resumed by one with twice the batch.
-  const auto ckpt = dir.path + "/ckpt";
-  auto first = run_trainer(2, with(args, {"--batch-size", "16", "--zero", "1", "--checkpoint-dir", ckpt,
-                                          "--max-steps", "10"}));
-  ASSERT_EQ(first.exit_code, 0) << describe(first);
-  auto second = run_trainer(1, with(args, {"--batch-size", "32", "--zero", "1", "--checkpoint-dir", ckpt,
-                                           "--save-final", resumed}));
-  ASSERT_EQ(second.exit_code, 0) << describe(second);
-  EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000010"), std::string::npos) << second.out;
-  EXPECT_LT(max_difference(plain, resumed), kAcrossWorldSizes);  // Note [Rounding across world sizes]
-}
-
-// --zero 2 (docs/zero.md): no DDP; the optimizer reduces each gradient to its
-// owner. Two ranks add two values, the same in either order, so the weights are
-// bitwise those of DDP; each rank holds part of the gradients and of the state (the
-// final JSON); and its checkpoints resume at another world size.
-TEST(Trainer, ZeroTwoChangesNoWeightShardsTheGradientsAndResumesAtAnotherWorldSize) {
-  TempDir dir("cohort-trainer");
-  const auto data = cohort::testing::fashion_subset(dir.path, 1000);
-  const std::vector<std::string> args = {"--data-dir", data, "--epochs", "1", "--optimizer", "sgd", "--lr", "0.05",
-                                         "--seed", "4"};
-  const auto plain = dir.path + "/plain.pt", sharded = dir.path + "/sharded.pt", resumed = dir.path + "/resumed.pt";
-  auto a = run_trainer(2, with(args, {"--batch-size", "16", "--save-final", plain}));
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
-  auto b = run_trainer(2, with(args, {"--batch-size", "16", "--zero", "2", "--save-final", sharded}));
-  ASSERT_EQ(b.exit_code, 0) << describe(b);
-  EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
+  // Per rank: the whole of it without ZeRO; with it, two shards that add up to it.
   auto per_rank = [](const std::string& out, const std::string& name) {
     std::vector<long long> bytes;
     const std::string key = "\"" + name + "\":";
@@ -360,7 +323,9 @@ TEST(Trainer, ZeroTwoChangesNoWeightShardsTheGradientsAndResumesAtAnotherWorldSi
       bytes.push_back(std::stoll(out.substr(at + key.size())));
     return bytes;
   };
-  for (const std::string name : {"gradient_bytes", "optimizer_state_bytes"}) {
+  std::vector<std::string> sharded_kinds = {"optimizer_state_bytes"};
+  if (stage == "2") sharded_kinds.push_back("gradient_bytes");
+  for (const auto& name : sharded_kinds) {
     const auto whole = per_rank(a.out, name), shards = per_rank(b.out, name);
     ASSERT_EQ(whole.size(), 2u) << a.out;
     ASSERT_EQ(shards.size(), 2u) << b.out;
@@ -369,19 +334,23 @@ TEST(Trainer, ZeroTwoChangesNoWeightShardsTheGradientsAndResumesAtAnotherWorldSi
     EXPECT_GT(shards[0], 0) << name;
     EXPECT_GT(shards[1], 0) << name;
   }
-  EXPECT_NE(b.out.find("\"comm_hook\":\"zero2_reduce_to_owners\""), std::string::npos) << b.out;
+  if (stage == "2")
+    EXPECT_NE(b.out.find("\"comm_hook\":\"zero2_reduce_to_owners\""), std::string::npos) << b.out;
 
   // Stopped at step 10 by two ranks, resumed by one with twice the batch.
   const auto ckpt = dir.path + "/ckpt";
-  auto first = run_trainer(2, with(args, {"--batch-size", "16", "--zero", "2", "--checkpoint-dir", ckpt,
+  auto first = run_trainer(2, with(args, {"--batch-size", "16", "--zero", stage, "--checkpoint-dir", ckpt,
                                           "--max-steps", "10"}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
-  auto second = run_trainer(1, with(args, {"--batch-size", "32", "--zero", "2", "--checkpoint-dir", ckpt,
+  auto second = run_trainer(1, with(args, {"--batch-size", "32", "--zero", stage, "--checkpoint-dir", ckpt,
                                            "--save-final", resumed}));
   ASSERT_EQ(second.exit_code, 0) << describe(second);
   EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000010"), std::string::npos) << second.out;
   EXPECT_LT(max_difference(plain, resumed), kAcrossWorldSizes);  // Note [Rounding across world sizes]
 }
+
+INSTANTIATE_TEST_SUITE_P(Stages, TrainerZero, ::testing::Values(1, 2),
+                         [](const auto& info) { return "zero" + std::to_string(info.param); });
 
 // --comm-hook powersgd (docs/ddp.md#powersgd): before its start iteration bitwise
 // the plain all-reduce; after it, fewer elements sent and other weights; stopped and
