@@ -3,7 +3,10 @@
 # at worlds 2 and 4, each in fresh processes (BENCHMARKS.md, docs/zero.md). Memory is
 # not disturbed by other load, so this needs no quiet machine.
 # Then the same at world 4 with 4 MiB buckets: ZeRO-2's transient gradients scale
-# with the bucket size, which is large against this model's 16 MiB layers.
+# with the bucket size, which is large against this model's 16 MiB layers. Last,
+# those again with glibc told to map every allocation of 64 KiB or more on its own
+# (MALLOC_MMAP_THRESHOLD_), so freed tensors leave the RSS at once: peak RSS then
+# follows the live tensors rather than what the allocator keeps for reuse.
 #   benchmarks/compare_zero_memory.sh [BUILD_DIR]
 set -euo pipefail
 build=${1:-build}
@@ -14,7 +17,10 @@ for world in 2 4; do
       "$build/benchmarks/zero_memory" --mode "$mode" | sed 's/^\[rank0\]: //'
   done
 done
-for mode in ddp zero1 zero2; do
-  "$build/tools/cohort/cohort" run --nproc-per-node 4 --local-ranks-filter 0 \
-    "$build/benchmarks/zero_memory" --mode "$mode" --bucket-mib 4 | sed 's/^\[rank0\]: //'
+for threshold in "" 65536; do
+  for mode in ddp zero1 zero2; do
+    env ${threshold:+MALLOC_MMAP_THRESHOLD_=$threshold} "$build/tools/cohort/cohort" run --nproc-per-node 4 \
+      --local-ranks-filter 0 "$build/benchmarks/zero_memory" --mode "$mode" --bucket-mib 4 |
+      sed "s/^\[rank0\]: {/{\"malloc_mmap_threshold\":\"${threshold:-default}\",/"
+  done
 done
