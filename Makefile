@@ -81,6 +81,8 @@ bench: build
 	benchmarks/compare_ddp.sh $(BUILD) 2
 	benchmarks/compare_trainer.sh $(BUILD) 2
 	/usr/bin/python3 benchmarks/compare_elastic.py $(BUILD) 5
+	benchmarks/compare_zero_memory.sh $(BUILD)
+	benchmarks/compare_powersgd.sh $(BUILD) 2
 	$(BUILD)/benchmarks/collectives_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 install: build
