@@ -389,7 +389,9 @@ TEST(Trainer, PowerSgdBeforeItsStartIsBitwiseAllReduceAndTrainsAfter) {
 }
 
 TEST(Trainer, ZeroAndCommHookFlagsThatCannotWorkExitTwo) {
-  for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero", "2"},
+  for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero", "3"},
+                                                                  {"--zero", "2", "--comm-hook", "fp16"},
+                                                                  {"--zero", "2", "--pipeline-stages", "2"},
                                                                   {"--zero", "1", "--pipeline-stages", "2"},
                                                                   {"--zero", "1", "--data-parallel-replicas", "2"},
                                                                   {"--comm-hook", "powersgd:0"},

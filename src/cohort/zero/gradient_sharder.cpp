@@ -157,7 +157,10 @@ void GradientSharder::arm() {
   // Note [An abandoned backward]: the callback owns the token, the sharder watches it.
   auto token = std::make_shared<char>();
   backward_token_ = token;
-  torch::autograd::Engine::get_default_engine().queue_callback([this, token] { finalize_backward(); });
+  torch::autograd::Engine::get_default_engine().queue_callback([this, token] {
+    (void)token;  // held, not used: its lifetime is the signal
+    finalize_backward();
+  });
 }
 
 // Note [An abandoned backward]
