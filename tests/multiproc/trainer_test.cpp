@@ -334,8 +334,9 @@ TEST_P(TrainerZero, ChangesNoWeightShardsAndResumesAtAnotherWorldSize) {
     EXPECT_GT(shards[0], 0) << name;
     EXPECT_GT(shards[1], 0) << name;
   }
-  if (stage == "2")
+  if (stage == "2") {
     EXPECT_NE(b.out.find("\"comm_hook\":\"zero2_reduce_to_owners\""), std::string::npos) << b.out;
+  }
 
   // Stopped at step 10 by two ranks, resumed by one with twice the batch.
   const auto ckpt = dir.path + "/ckpt";
