@@ -128,8 +128,13 @@ TEST(StoreCertificates, ACertificateOfAnotherCaIsRefusedOnBothEnds) {
   forged.ca_file = site.ca_file();  // it trusts the site's CA, but its certificate is not from it
   const auto started = Clock::now();
   auto error = connect_error(s.server.port(), kToken, forged);
-  // Refused at once with the store's reason, not after the connect timeout.
-  EXPECT_TRUE(contains(error, "refused this peer's certificate (tlsv1 alert unknown ca)")) << error;
+  // Refused at once, not after the connect timeout: with the store's alert, or, when
+  // the store closed with the peer's handshake data unread and the kernel reset the
+  // connection before the alert was read (seen once in CI's LibTorch 2.6 leg), with
+  // the reset.
+  EXPECT_TRUE(contains(error, "refused this peer's certificate (tlsv1 alert unknown ca)") ||
+              contains(error, "refused this peer's certificate (Connection reset by peer)"))
+      << error;
   EXPECT_LT(Clock::now() - started, 4s) << error;
   auto reasons = s.refusals(1);
   EXPECT_TRUE(contains(reasons, "certificate verify failed")) << reasons;

@@ -254,7 +254,10 @@ Step Session::result(int rc) {
         if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED) certificate_failed_ = true;
         const char* text = ERR_reason_error_string(e);
         if (!error_.empty()) continue;
-        error_ = text ? text : fmt::format("OpenSSL error {:#x}", e);
+        // A system error (OpenSSL 3) carries errno: a reset connection reads
+        // "Connection reset by peer", not a bare code.
+        if (ERR_SYSTEM_ERROR(e)) error_ = std::strerror(ERR_GET_REASON(e));
+        else error_ = text ? text : fmt::format("OpenSSL error {:#x}", e);
         // Say why a chain failed: "unable to get local issuer certificate", ...
         if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED)
           error_ += fmt::format(" ({})", X509_verify_cert_error_string(SSL_get_verify_result(ssl_)));
