@@ -39,8 +39,11 @@ Evaluation WholeModel::evaluate(cohort::data::FashionMnist& test) {
 }
 
 std::unique_ptr<cohort::checkpoint::Checkpointer> WholeModel::checkpointer(const TrainerOptions& o) {
+  // With --zero each rank saves its own optimizer shard; nothing is gathered
+  // (docs/zero.md#sharded-checkpoints).
   return std::make_unique<cohort::checkpoint::Checkpointer>(
-      o.checkpoint_dir, world_.group(), cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
+      o.checkpoint_dir, world_.group(),
+      cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints).shard_optimizer_state(o.zero > 0));
 }
 
 std::optional<cohort::checkpoint::Restored> WholeModel::resume(cohort::checkpoint::Checkpointer& checkpointer,

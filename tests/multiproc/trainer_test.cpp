@@ -297,8 +297,9 @@ TEST(Trainer, ActivationCheckpointingChangesNoWeight) {
 // --zero 1 and 2 (docs/zero.md): the optimizer's state (and at stage 2 the
 // gradients, reduced to their owners without DDP) sharded over the ranks changes no
 // weight: two ranks add two values, the same in either order, so stage 2 is bitwise
-// DDP too. Each rank holds its part, which the final JSON reports; and the
-// checkpoints (the state gathered whole to rank 0) resume at another world size.
+// DDP too. Each rank holds its part, which the final JSON reports; the checkpoints
+// (each rank writes its shard) consolidate into one file that Python loads, and
+// resume at another world size.
 class TrainerZero : public ::testing::TestWithParam<int> {};
 
 TEST_P(TrainerZero, ChangesNoWeightShardsAndResumesAtAnotherWorldSize) {
@@ -343,6 +344,24 @@ TEST_P(TrainerZero, ChangesNoWeightShardsAndResumesAtAnotherWorldSize) {
   auto first = run_trainer(2, with(args, {"--batch-size", "16", "--zero", stage, "--checkpoint-dir", ckpt,
                                           "--max-steps", "10"}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
+  // Each rank wrote its own shard (docs/zero.md#sharded-checkpoints); one file of them
+  // loads in Python with weights_only=True.
+  const auto step10 = ckpt + "/step-000000010";
+  EXPECT_FALSE(std::filesystem::exists(step10 + "/optimizer.pt"));
+  EXPECT_TRUE(std::filesystem::exists(step10 + "/optimizer-shard-00001-of-00002.pt"));
+  const auto consolidated = dir.path + "/consolidated.pt";
+  auto merged = cohort::testing::run_process({COHORT_CLI_PATH, "checkpoint", "consolidate", ckpt, consolidated}, 60s);
+  ASSERT_EQ(merged.exit_code, 0) << describe(merged);
+  EXPECT_NE(merged.out.find("2 optimizer file(s)"), std::string::npos) << merged.out;
+  auto python = cohort::testing::run_process(
+      {COHORT_PYTHON_PATH, COHORT_CHECK_CONSOLIDATED_PATH, consolidated, step10 + "/model.pt", "10"}, 120s);
+  ASSERT_EQ(python.exit_code, 0) << describe(python);
+  auto missing = cohort::testing::run_process(
+      {COHORT_CLI_PATH, "checkpoint", "consolidate", dir.path + "/nowhere", consolidated}, 60s);
+  EXPECT_EQ(missing.exit_code, 1) << describe(missing);
+  EXPECT_NE(missing.err.find(dir.path + "/nowhere is not a directory"), std::string::npos) << describe(missing);
+  auto usage = cohort::testing::run_process({COHORT_CLI_PATH, "checkpoint", "merge", ckpt}, 60s);
+  EXPECT_EQ(usage.exit_code, 2) << describe(usage);
   auto second = run_trainer(1, with(args, {"--batch-size", "32", "--zero", stage, "--checkpoint-dir", ckpt,
                                            "--save-final", resumed}));
   ASSERT_EQ(second.exit_code, 0) << describe(second);

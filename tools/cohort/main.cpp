@@ -1,4 +1,5 @@
-// The `cohort` command: `cohort run` (the launcher), `cohort info` and `cohort trace`.
+// The `cohort` command: `cohort run` (the launcher), `cohort info`, `cohort trace` and
+// `cohort checkpoint`.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include "cohort/launcher/agent.h"
 #include "cohort/launcher/cli.h"
 #include "cohort/launcher/console_relay.h"
+#include "checkpoint_command.h"
 #include "info_command.h"
 #include "trace_command.h"
 
@@ -25,6 +27,8 @@ constexpr const char* kUsage =
     "         BLAS and thread settings and a measured GEMM rate (--json: one machine-readable\n"
     "         line; --no-gemm: skip the measurement)\n"
     "  trace  `trace merge DIR OUT.json`: merge the ranks' timelines of `cohort run --timeline DIR`\n"
+    "  checkpoint  `checkpoint consolidate DIR OUT.pt`: one file of a (sharded) checkpoint that\n"
+    "         Python's torch.load(..., weights_only=True) reads\n"
     "  --version\n";
 
 int run_command(const std::vector<std::string>& args) {
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
       return cohort::tools::info_command(options, std::cout, std::cerr);
     }
     if (command == "trace") return cohort::tools::trace_command(args, std::cout, std::cerr);
+    if (command == "checkpoint") return cohort::tools::checkpoint_command(args, std::cout, std::cerr);
     if (command == "--version") {
       std::cout << "cohort " << COHORT_VERSION << "\n";
       return 0;

@@ -31,7 +31,7 @@ namespace {
 
 constexpr const char* kStepPrefix = "step-";
 constexpr const char* kCorruptPrefix = "corrupt-";
-const std::vector<std::string> kFiles = {"model.pt", "optimizer.pt", "trainer.pt"};
+const std::vector<std::string> kFiles = {"model.pt", "optimizer.pt", "trainer.pt"};  // a whole checkpoint
 
 std::optional<std::int64_t> step_of(const std::string& name) {
   if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
@@ -57,6 +57,22 @@ bool any_rank(comm::Group& group, bool failed, c10::Device device) {
 // What rank 0's save came to; every rank learns it (max_over_ranks).
 enum SaveOutcome : std::int64_t { kSaved = 0, kWriteFailed = 1, kRefused = 2 };
 
+// Throws on every rank unless the save's outcome (the same on every rank) is kSaved.
+void raise_unless_saved(std::int64_t outcome, int rank, const std::string& path, const std::string& error) {
+  switch (outcome) {
+    case kSaved:
+      return;
+    case kRefused:
+      throw ConfigError(rank == 0 ? error
+                                  : fmt::format("rank 0 refused to save the checkpoint {}: the directory "
+                                                "holds newer checkpoints; its log says which",
+                                                path));
+    default:
+      throw Error(rank == 0 ? fmt::format("could not write the checkpoint {}: {}", path, error)
+                            : fmt::format("rank 0 could not write the checkpoint {}; its log says why", path));
+  }
+}
+
 std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);
@@ -81,6 +97,33 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes
     // unpickler does (see torch_load_bytes).
     throw DataError(fmt::format("{}: cannot be read as an optimizer state ({}); it is corrupt", source, e.what()));
   }
+}
+
+// Checks every file a checkpoint needs against its manifest, one at a time (a
+// sharded checkpoint's files may not fit in memory together).
+void verify_all_files(const std::string& path, std::int64_t step) {
+  const auto manifest = read_manifest(path, step);
+  std::vector<std::string> needed = {"model.pt", "trainer.pt"};
+  if (manifest.shards)
+    needed.insert(needed.end(), manifest.shards->files.begin(), manifest.shards->files.end());
+  else
+    needed.push_back("optimizer.pt");
+  for (const auto& name : needed) read_listed(path, manifest, name);
+}
+
+// A sharded checkpoint's optimizer state (Note [Resharding] in
+// zero/sharded_optimizer.cpp): each rank reads the shards that hold its parameters.
+void load_optimizer_shards(torch::optim::Optimizer& optimizer, const std::string& path, const Manifest& manifest) {
+  auto* sharded = dynamic_cast<SavesStateInShards*>(&optimizer);
+  if (sharded == nullptr)
+    throw ConfigError(fmt::format("{} holds an optimizer state saved shard by shard (by a ShardedOptimizer over {} "
+                                  "ranks) and this optimizer is a plain one; load it with a "
+                                  "cohort::zero::ShardedOptimizer at any world size, or make one file of it with "
+                                  "`cohort checkpoint consolidate {} OUT.pt`",
+                                  path, manifest.shards->layout.world_size, path));
+  sharded->load_shards(manifest.shards->layout, [&](int k) {
+    return read_listed(path, manifest, manifest.shards->files.at(static_cast<std::size_t>(k)));
+  });
 }
 
 }  // namespace
@@ -128,6 +171,14 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
     const auto parts = group_.all_gather(state.to(device));
     for (std::size_t r = 0; r < parts.size(); ++r) rng[r].push_back(parts[r].cpu());
   }
+  if (options_.shard_optimizer_state()) {
+    // The same answer on every rank: each has the same kind of optimizer.
+    const auto* sharded = dynamic_cast<const SavesStateInShards*>(&optimizer);
+    if (sharded == nullptr)
+      throw ConfigError("CheckpointerOptions::shard_optimizer_state is for an optimizer spread over the ranks "
+                        "(cohort::zero::ShardedOptimizer); this one is whole on every rank. Leave the option off");
+    return save_sharded(model, *sharded, progress, device, rng);
+  }
   // An optimizer spread over the ranks (ZeRO) gathers its state to rank 0 first.
   const auto* spread = dynamic_cast<const GathersStateForSave*>(&optimizer);
   if (spread) spread->gather_state_for_save(group_.global_ranks()[0]);
@@ -154,30 +205,118 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
       error = e.what();
       outcome = kWriteFailed;
     }
+    if (error.empty()) prune_or_warn();
+  }
+  raise_unless_saved(max_over_ranks(group_, outcome, device), group_.rank(), path, error);
+  return path;
+}
+
+// Note [Sharded checkpoints]
+// Every rank writes its own optimizer shard, so no rank ever holds the whole state,
+// and the checkpoint stays as atomic as a whole one (Note [Checkpoint directories]):
+//   1. rank 0 checks the step (Note [Never older than the newest]) and makes the
+//      temporary directory; its process id, broadcast, names it for every rank;
+//   2. each rank writes optimizer-shard-<rank>-of-<n>.pt into it, fsync'ed, and all
+//      gather each one's success, size and CRC-32 (rank 0 never reads the shards);
+//   3. rank 0 writes the model, the trainer state and the manifest (with the shard
+//      layout) and renames the directory into place, as a whole save does.
+// A kill at any moment leaves a temporary directory, which no load reads and the
+// next save removes; never a step-N with a missing or foreign shard. A shard that
+// goes missing or bad later fails its manifest check, and load_latest falls back
+// to the previous checkpoint, naming the file.
+std::string Checkpointer::save_sharded(const torch::nn::Module& model, const SavesStateInShards& optimizer,
+                                       const TrainingProgress& progress, c10::Device device,
+                                       const std::vector<std::vector<at::Tensor>>& rng) {
+  const auto layout = optimizer.shard_layout();
+  if (layout.world_size != group_.size())
+    throw ConfigError(fmt::format("CheckpointerOptions::shard_optimizer_state: the optimizer is spread over {} "
+                                  "ranks and the checkpointer's group has {}; give both the same group",
+                                  layout.world_size, group_.size()));
+  const std::string path = path_of(progress.step);
+  std::string error;
+  auto head = torch::zeros({2}, torch::dtype(torch::kInt64));
+  if (group_.rank() == 0) {
+    error = refusal(progress.step);
+    head[0] = static_cast<std::int64_t>(error.empty() ? kSaved : kRefused);
+    head[1] = static_cast<std::int64_t>(::getpid());
     if (error.empty()) {
       try {
-        prune();
+        make_temp_directory(path);
       } catch (const std::exception& e) {
-        // The checkpoint is durable; failing to remove old ones must not stop training.
-        warn(fmt::format("could not remove old checkpoints in {}: {}", directory_, e.what()));
+        error = e.what();
+        head[0] = static_cast<std::int64_t>(kWriteFailed);
       }
     }
   }
-  switch (max_over_ranks(group_, outcome, device)) {
-    case kSaved:
-      return path;
-    case kRefused:
-      throw ConfigError(group_.rank() == 0
-                            ? error
-                            : fmt::format("rank 0 refused to save the checkpoint {}: the directory "
-                                          "holds newer checkpoints; its log says which",
-                                          path));
-    default:
-      throw Error(group_.rank() == 0
-                      ? fmt::format("could not write the checkpoint {}: {}", path, error)
-                      : fmt::format("rank 0 could not write the checkpoint {}; its log says why",
-                                    path));
+  head = head.to(device);
+  group_.broadcast(head, 0);
+  head = head.cpu();
+  raise_unless_saved(head[0].item<std::int64_t>(), group_.rank(), path, error);
+  const std::string temp = temp_name(path, static_cast<long>(head[1].item<std::int64_t>()));
+
+  // 2. This rank's shard.
+  const std::string name = shard_file_name(group_.rank(), group_.size());
+  std::int64_t written = 1, size = 0, crc = 0;
+  {
+    const std::string bytes = optimizer.shard_bytes();
+    size = static_cast<std::int64_t>(bytes.size());
+    crc = static_cast<std::int64_t>(crc32_of(bytes));
+    try {
+      write_file_durably(temp + "/" + name, bytes);
+    } catch (const std::exception& e) {
+      error = e.what();
+      written = 0;
+    }
   }
+  const auto rows = group_.all_gather(torch::tensor({written, size, crc}, torch::kInt64).to(device));
+  Manifest manifest;
+  manifest.step = progress.step;
+  manifest.shards = ShardedOptimizerFiles{layout, {}};
+  std::vector<int> failed;
+  for (int r = 0; r < group_.size(); ++r) {
+    const auto row = rows[static_cast<std::size_t>(r)].cpu();
+    const auto file = shard_file_name(r, group_.size());
+    manifest.shards->files.push_back(file);
+    manifest.files[file] = {static_cast<std::uint64_t>(row[1].item<std::int64_t>()),
+                            static_cast<std::uint32_t>(row[2].item<std::int64_t>())};
+    if (row[0].item<std::int64_t>() == 0) failed.push_back(r);
+  }
+  if (!failed.empty()) {
+    if (group_.rank() == 0) {
+      std::error_code ignored;
+      fs::remove_all(temp, ignored);
+    }
+    throw Error(written == 0 ? fmt::format("rank {} could not write its optimizer shard of the checkpoint {}: {}",
+                                           group_.rank(), path, error)
+                             : fmt::format("rank {} could not write its optimizer shard of the checkpoint {}; its "
+                                           "log says why (every rank writes into the checkpoint directory, so it "
+                                           "must be on a file system that every node shares)",
+                                           failed[0], path));
+  }
+
+  // 3. Rank 0 completes the directory and renames it into place.
+  SaveOutcome outcome = kSaved;
+  if (group_.rank() == 0) {
+    try {
+      const std::vector<std::pair<std::string, std::string>> files = {
+          {"model.pt", state_dict_bytes(model)}, {"trainer.pt", encode_trainer_state(progress, rng)}};
+      for (const auto& [file, bytes] : files) {
+        write_file_durably(temp + "/" + file, bytes);
+        manifest.files[file] = {bytes.size(), crc32_of(bytes)};
+      }
+      write_file_durably(temp + "/" + kManifestName, manifest_json(manifest));
+      fsync_directory(temp);
+      install(temp, path);
+    } catch (const std::exception& e) {
+      error = e.what();
+      outcome = kWriteFailed;
+      std::error_code ignored;
+      fs::remove_all(temp, ignored);
+    }
+    if (outcome == kSaved) prune_or_warn();
+  }
+  raise_unless_saved(max_over_ranks(group_, outcome, device), group_.rank(), path, error);
+  return path;
 }
 
 // Note [Never older than the newest]
@@ -201,18 +340,33 @@ std::string Checkpointer::refusal(std::int64_t step) const {
 
 void Checkpointer::write(const std::string& final_path, const std::vector<std::string>& files,
                          const std::vector<std::string>& contents) const {
+  const std::string temp = make_temp_directory(final_path);
+  for (std::size_t i = 0; i < files.size(); ++i) write_file_durably(temp + "/" + files[i], contents[i]);
+  // The manifest last: a directory with a manifest has every file it lists.
+  write_file_durably(temp + "/" + kManifestName,
+                     manifest_json(*step_of(fs::path(final_path).filename().string()), files, contents));
+  fsync_directory(temp);
+  install(temp, final_path);
+}
+
+// The temporary directory of `final_path` that process `id` makes.
+std::string Checkpointer::temp_name(const std::string& final_path, long id) const {
+  return fmt::format("{}/{}{}.{}", directory_, kTempPrefix, fs::path(final_path).filename().string(), id);
+}
+
+// Makes this process's temporary directory of `final_path`, empty.
+std::string Checkpointer::make_temp_directory(const std::string& final_path) const {
+  const std::string temp = temp_name(final_path, ::getpid());
   if (!fs::exists(directory_)) {
     fs::create_directories(directory_);
     fsync_directory(parent_directory(fs::absolute(directory_).lexically_normal().string()));
   }
-  const std::string name = fs::path(final_path).filename().string();
-  const std::string temp = fmt::format("{}/{}{}.{}", directory_, kTempPrefix, name, ::getpid());
   fs::remove_all(temp);
   fs::create_directory(temp);
-  for (std::size_t i = 0; i < files.size(); ++i) write_file_durably(temp + "/" + files[i], contents[i]);
-  // The manifest last: a directory with a manifest has every file it lists.
-  write_file_durably(temp + "/" + kManifestName, manifest_json(*step_of(name), files, contents));
-  fsync_directory(temp);
+  return temp;
+}
+
+void Checkpointer::install(const std::string& temp, const std::string& final_path) const {
   // Saving a step that exists replaces it. rename(2) cannot replace a non-empty
   // directory, so the two are swapped in one atomic step and the old one, now under
   // the temporary name, is removed: at every instant a complete step-N exists.
@@ -226,6 +380,15 @@ void Checkpointer::write(const std::string& final_path, const std::vector<std::s
     fs::rename(temp, final_path);
   }
   fsync_directory(directory_);
+}
+
+void Checkpointer::prune_or_warn() const {
+  try {
+    prune();
+  } catch (const std::exception& e) {
+    // The checkpoint is durable; failing to remove old ones must not stop training.
+    warn(fmt::format("could not remove old checkpoints in {}: {}", directory_, e.what()));
+  }
 }
 
 void Checkpointer::prune() const {
@@ -257,7 +420,7 @@ std::optional<std::int64_t> Checkpointer::newest_good_step(std::optional<std::in
       continue;
     }
     try {
-      read_verified(path_of(*it), *it, kFiles);
+      verify_all_files(path_of(*it), *it);
       if (it != steps.rbegin()) {
         warn(fmt::format("falling back to the checkpoint {}", path_of(*it)));
       }
@@ -311,12 +474,15 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
   if (step < 0) return std::nullopt;
 
   const std::string path = path_of(step);
-  std::vector<std::string> contents;
+  Manifest manifest;
+  std::string model_bytes, optimizer_file;
   TrainerState trainer;
   std::string error;
   try {
-    contents = read_verified(path, step, kFiles);
-    trainer = decode_trainer_state(contents[2], path + "/trainer.pt");
+    manifest = read_manifest(path, step);
+    model_bytes = read_listed(path, manifest, "model.pt");
+    trainer = decode_trainer_state(read_listed(path, manifest, "trainer.pt"), path + "/trainer.pt");
+    if (!manifest.shards) optimizer_file = read_listed(path, manifest, "optimizer.pt");
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -330,8 +496,32 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
                                       "file system that every node shares",
                                       group_.rank(), path, error));
   }
-  load_state_dict(model, contents[0], path + "/model.pt");
-  load_optimizer(optimizer, contents[1], path + "/optimizer.pt", device);
+  load_state_dict(model, model_bytes, path + "/model.pt");
+  if (manifest.shards) {
+    // Ranks read different shards, so one may fail alone: all answer together.
+    std::int64_t code = 0;  // 1: unreadable (DataError), 2: does not fit (ConfigError)
+    try {
+      load_optimizer_shards(optimizer, path, manifest);
+    } catch (const ConfigError& e) {
+      error = e.what();
+      code = 2;
+    } catch (const std::exception& e) {
+      error = e.what();
+      code = 1;
+    }
+    code = max_over_ranks(group_, code, device);
+    if (code != 0) {
+      const std::string message =
+          error.empty() ? fmt::format("another rank could not load its share of the optimizer state of {}; its log "
+                                      "says why",
+                                      path)
+                        : fmt::format("rank {}: {}", group_.rank(), error);
+      if (code == 2) throw ConfigError(message);
+      throw DataError(message);
+    }
+  } else {
+    load_optimizer(optimizer, optimizer_file, path + "/optimizer.pt", device);
+  }
 
   Restored restored{trainer.progress, path, false};
   const std::size_t generators = capture_rng_state(device).size();

@@ -19,6 +19,13 @@
 //   optimizer.pt   LibTorch's serialized optimizer state;
 //   trainer.pt     step, epoch, sampler state and each rank's generator states;
 //   MANIFEST.json  the size and CRC-32 of each file, written last.
+// With shard_optimizer_state(true) and an optimizer that is spread over the ranks
+// (zero::ShardedOptimizer), optimizer.pt is replaced by one file per rank,
+//   optimizer-shard-<k>-of-<n>.pt   the state of the parameters rank k owns,
+// written by that rank, and the manifest records who owned what; a later run at
+// any world size reshards it on load (Note [Sharded checkpoints]). Every rank
+// then writes into the directory too. `cohort checkpoint consolidate` turns such a
+// checkpoint into one file that Python reads (checkpoint/consolidate.h).
 // Note [Checkpoint directories]: the directory is written under a temporary name, each
 // file and the directory are fsync'ed, and it is renamed into place (Note [Atomic
 // replace]), so a `step-*` directory is always complete. The manifest's checksums
@@ -35,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/checkpoint/sharded_state.h"
 #include "cohort/comm/group.h"
 #include "cohort/data/distributed_sampler.h"
 
@@ -46,6 +54,11 @@ struct CheckpointerOptions {
   // Where warnings go (a skipped corrupt checkpoint, generators not restored).
   // Defaults to standard error.
   TORCH_ARG(std::function<void(const std::string&)>, warn) = nullptr;
+  // Save an optimizer that implements SavesStateInShards (zero::ShardedOptimizer)
+  // shard by shard, each rank its own, instead of gathering it to rank 0. Its group
+  // must be the checkpointer's. Any other optimizer is refused with a ConfigError.
+  // Loading needs no option: the manifest says how a checkpoint was saved.
+  TORCH_ARG(bool, shard_optimizer_state) = false;
 };
 
 struct TrainingProgress {
@@ -99,7 +112,14 @@ class Checkpointer {
   std::optional<std::int64_t> newest_good_step(std::optional<std::int64_t> at_most) const;
   void write(const std::string& final_path, const std::vector<std::string>& files,
              const std::vector<std::string>& contents) const;
+  std::string save_sharded(const torch::nn::Module& model, const SavesStateInShards& optimizer,
+                           const TrainingProgress& progress, c10::Device device,
+                           const std::vector<std::vector<at::Tensor>>& rng);
+  std::string temp_name(const std::string& final_path, long id) const;
+  std::string make_temp_directory(const std::string& final_path) const;
+  void install(const std::string& temp, const std::string& final_path) const;
   void prune() const;
+  void prune_or_warn() const;
   std::string refusal(std::int64_t step) const;
   std::string set_aside(std::int64_t step) const;
 

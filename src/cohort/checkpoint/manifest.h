@@ -2,17 +2,53 @@
 // MANIFEST.json of a checkpoint directory (Note [Checkpoint directories]): the step,
 // and the size and CRC-32 of every file, written after the files, so that a
 // directory with a manifest is complete and a file damaged later is caught on load.
+// A sharded checkpoint's manifest also holds its shard layout (sharded_state.h).
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "cohort/checkpoint/sharded_state.h"
 
 namespace cohort::checkpoint {
 
 inline constexpr const char* kManifestName = "MANIFEST.json";
 
+struct FileEntry {
+  std::uint64_t bytes = 0;
+  std::uint32_t crc32 = 0;
+};
+
+// The optimizer state of a sharded checkpoint: shard k is the file files[k].
+struct ShardedOptimizerFiles {
+  ShardLayout layout;
+  std::vector<std::string> files;
+};
+
+struct Manifest {
+  std::int64_t step = 0;
+  std::map<std::string, FileEntry> files;
+  std::optional<ShardedOptimizerFiles> shards;
+};
+
+// The name of shard k of n in a sharded checkpoint.
+std::string shard_file_name(int k, int n);
+
 // The manifest of `names` holding `contents` (same order), for checkpoint `step`.
 std::string manifest_json(std::int64_t step, const std::vector<std::string>& names,
                           const std::vector<std::string>& contents);
+// The same from the files' sizes and checksums, with a shard layout when sharded.
+std::string manifest_json(const Manifest& manifest);
+
+// The manifest of the checkpoint directory `path`; a missing, malformed or foreign
+// one (not of `step`, when given) throws cohort::DataError saying what.
+Manifest read_manifest(const std::string& path, std::optional<std::int64_t> step = std::nullopt);
+
+// The file `name` of the directory `path`, checked against its manifest: a file
+// the manifest does not list, a missing, truncated or corrupt one throws
+// cohort::DataError naming it.
+std::string read_listed(const std::string& path, const Manifest& manifest, const std::string& name);
 
 // The files `names` of the checkpoint directory `path`, each checked against its
 // manifest. Whatever is wrong (a missing, malformed or foreign manifest, a truncated

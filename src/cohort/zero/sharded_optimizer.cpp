@@ -329,6 +329,57 @@ void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
   move_states(*whole, *local_, shard_);
 }
 
+checkpoint::ShardLayout ShardedOptimizer::shard_layout() const { return {group_.size(), owner_}; }
+
+std::string ShardedOptimizer::shard_bytes() const { return serialized(local_.get()); }
+
+// Note [Resharding]: saved shard k holds an optimizer over the parameters that k
+// owned then, in order. Each saved shard that holds a parameter this rank owns now
+// is loaded into an optimizer over k's parameters, and the states of this rank's
+// parameters move into a fresh shard optimizer; the others are dropped with it. So
+// a rank reads about 1/N of the state, never the whole.
+void ShardedOptimizer::load_shards(const checkpoint::ShardLayout& saved,
+                                   const std::function<std::string(int)>& shard) {
+  const auto& all = all_params();
+  if (saved.owner.size() != all.size())
+    throw ConfigError(fmt::format("cohort ShardedOptimizer: the sharded state was saved for {} parameters and this "
+                                  "optimizer has {}; it was saved with another model",
+                                  saved.owner.size(), all.size()));
+  for (int o : saved.owner)
+    if (o < 0 || o >= saved.world_size)
+      throw DataError(fmt::format("cohort ShardedOptimizer: the sharded state names shard {} of {}; its layout is "
+                                  "corrupt",
+                                  o, saved.world_size));
+  auto fresh = shard_.empty() ? nullptr : make_(shard_);
+  std::unique_ptr<torch::optim::OptimizerOptions> options;
+  for (int k = 0; k < saved.world_size; ++k) {
+    std::vector<at::Tensor> theirs;
+    bool wanted = false;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (saved.owner[i] != k) continue;
+      theirs.push_back(all[i]);
+      wanted = wanted || owner_[i] == group_.rank();
+    }
+    if (!wanted) continue;
+    const std::string bytes = shard(k);
+    auto part = make_(theirs);
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes.data(), bytes.size());
+      part->load(archive);
+    } catch (const c10::Error& e) {
+      throw ConfigError(fmt::format("cohort ShardedOptimizer: shard {} of the saved state does not fit this "
+                                    "optimizer ({}); it was saved with another optimizer or model",
+                                    k, e.what_without_backtrace()));
+    }
+    if (!options) options = part->param_groups()[0].options().clone();
+    move_states(*part, *fresh, shard_);
+  }
+  // As load(): the saved group options where LibTorch restores them (not 1.13).
+  if (options) param_groups()[0].set_options(std::move(options));
+  local_ = std::move(fresh);
+}
+
 double ShardedOptimizer::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "cohort/checkpoint/gathered_state.h"
+#include "cohort/checkpoint/sharded_state.h"
 #include "cohort/comm/group.h"
 #include "cohort/zero/gradient_sharder.h"
 #include "cohort/zero/options.h"
@@ -55,7 +56,9 @@ namespace cohort::zero {
 // Called once for this rank's shard, and when the whole state is gathered or loaded.
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
 
-class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::GathersStateForSave {
+class ShardedOptimizer : public torch::optim::Optimizer,
+                         public checkpoint::GathersStateForSave,
+                         public checkpoint::SavesStateInShards {
  public:
   // Collective when check_replicas: every rank must pass the same parameters (a
   // parameter listed twice counts once), options and optimizer settings. Throws
@@ -79,6 +82,13 @@ class ShardedOptimizer : public torch::optim::Optimizer, public checkpoint::Gath
   void gather_state(int to) const;
   void gather_state_for_save(int writer) const override;
   void release_gathered_state() const override;
+
+  // Saving shard by shard (checkpoint/sharded_state.h): no rank gathers anything.
+  // load_shards() reads only the saved shards that hold this rank's parameters and
+  // throws ConfigError, leaving this optimizer unchanged, for a state of another model.
+  checkpoint::ShardLayout shard_layout() const override;
+  std::string shard_bytes() const override;
+  void load_shards(const checkpoint::ShardLayout& saved, const std::function<std::string(int)>& shard) override;
 
   // The same learning rate on every rank's shard.
   void set_lr(double lr);

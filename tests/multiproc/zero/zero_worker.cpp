@@ -5,6 +5,7 @@
 // each scenario prints "<scenario> ok rank R ..." when they do, and exits 1 otherwise.
 //   zero_worker parity|resume|amp|mismatch|accumulate --optimizer sgd|adam [--steps K]
 //     [--cap BYTES] [--file PATH] [--save] [--stage 1|2]
+//   zero_worker writer --file DIR   (sharded saves in a loop until killed)
 // With --stage 2 the sharded copy is not under DDP: ShardedOptimizer's
 // shard_gradients reduces each gradient to its owner (Note [ZeRO-2 gradients]), and
 // the copies agree within float rounding (kStageTwoTolerance), since a reduce may
@@ -18,13 +19,17 @@
 #include <iostream>
 #include <string>
 
+#include <unistd.h>
+
 #include "cohort/amp/grad_scaler.h"
+#include "cohort/checkpoint/checkpointer.h"
 #include "cohort/comm/world.h"
 #include "cohort/compat/optimizer.h"
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/errors.h"
 #include "cohort/zero/sharded_optimizer.h"
 #include "cohort/zero/state_bytes.h"
+#include "zero/sharded_writer.h"
 
 namespace {
 using cohort::comm::World;
@@ -403,6 +408,27 @@ int mismatch(World& world, const Args& a) {
   return report(world, "mismatch", false, "no error was raised");
 }
 
+// Saves sharded checkpoints in a loop until killed (the kill -9 test): step s holds
+// weights and moments all equal to s (zero/sharded_writer.h). Resumes after the
+// newest good checkpoint. Rank 0 prints "saved N" once N is durable.
+int writer(World& world, const Args& a) {
+  torch::manual_seed(3);
+  auto model = cohort::testing::sharded_writer_model();
+  ShardedOptimizer opt(model->parameters(), world.group(), cohort::testing::sharded_writer_adam());
+  model->forward(torch::randn({2, 256})).sum().backward();
+  opt.step();  // every shard has moments to save
+  cohort::checkpoint::Checkpointer ckpt(
+      a.file, world.group(), cohort::checkpoint::CheckpointerOptions().keep_last(2).shard_optimizer_state(true));
+  std::int64_t step = 1;
+  if (auto restored = ckpt.load_latest(*model, opt, torch::kCPU)) step = restored->progress.step + 1;
+  std::cout << "pid " << ::getpid() << std::endl;
+  for (;; ++step) {
+    cohort::testing::mark(*model, opt, static_cast<double>(step));
+    ckpt.save(*model, opt, {step, 0, 0, {}}, torch::kCPU);
+    if (world.rank() == 0) std::cout << "saved " << step << std::endl;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -414,6 +440,7 @@ int main(int argc, char** argv) {
   if (args.scenario == "amp") return amp(world, args);
   if (args.scenario == "mismatch") return mismatch(world, args);
   if (args.scenario == "accumulate") return accumulate(world, args);
+  if (args.scenario == "writer") return writer(world, args);
   std::cerr << "unknown scenario " << args.scenario << std::endl;
   return 2;
 }
