@@ -82,6 +82,7 @@ bench: build
 	benchmarks/compare_trainer.sh $(BUILD) 2
 	/usr/bin/python3 benchmarks/compare_elastic.py $(BUILD) 5
 	benchmarks/compare_zero_memory.sh $(BUILD)
+	benchmarks/compare_zero_throughput.sh $(BUILD)
 	benchmarks/compare_powersgd.sh $(BUILD) 2
 	$(BUILD)/benchmarks/collectives_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 

@@ -14,13 +14,13 @@ export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 for world in 2 4; do
   for mode in ddp zero1 zero2; do
     "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 \
-      "$build/benchmarks/zero_memory" --mode "$mode" | sed 's/^\[rank0\]: //'
+      "$build/benchmarks/zero_bench" memory --mode "$mode" | sed 's/^\[rank0\]: //'
   done
 done
 for threshold in "" 65536; do
   for mode in ddp zero1 zero2; do
     env ${threshold:+MALLOC_MMAP_THRESHOLD_=$threshold} "$build/tools/cohort/cohort" run --nproc-per-node 4 \
-      --local-ranks-filter 0 "$build/benchmarks/zero_memory" --mode "$mode" --bucket-mib 4 |
+      --local-ranks-filter 0 "$build/benchmarks/zero_bench" memory --mode "$mode" --bucket-mib 4 |
       sed "s/^\[rank0\]: {/{\"malloc_mmap_threshold\":\"${threshold:-default}\",/"
   done
 done

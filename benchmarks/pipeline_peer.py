@@ -4,12 +4,8 @@ Debian 13 chroot (compare_pipeline.sh does it):
 
   scripts/torch2-chroot 'python3 benchmarks/pipeline_peer.py --torchrun P [flags]'
 
---torchrun P runs torchrun's own main() (torch.distributed.run, --standalone --nproc-per-node P)
-on this script. Debian 13's PyTorch 2.6 is built without libuv, yet its torchrun asks for a
-libuv TCPStore (the agent's rendezvous store and the workers' env:// client; plain `torchrun`
-there fails with "use_libuv was requested but PyTorch was build without libuv support"), so
-this mode first makes TCPStore default to use_libuv=False, and the workers join as
-tests/multiproc/torch_peer.py does.
+--torchrun P runs torchrun's own main() (--standalone --nproc-per-node P) on this script,
+without libuv, which Debian 13's PyTorch lacks (torch2_launch.py).
 
 Flags as pipeline_bench: --schedules gpipe,1f1b,interleaved,zero-bubble --microbatches 4,8,16
 --forward-ms F --input-ms I --weight-ms W --virtual V --warmup 2 --steps 5.
@@ -31,7 +27,6 @@ which fix_batch_p2p() applies (every Work of a batched send/receive is kept and 
 import argparse
 import ctypes
 import json
-import os
 import statistics
 import sys
 import time
@@ -40,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as Fn
 from torch import nn
+from torch2_launch import init_gloo, torchrun_without_libuv  # noqa: E402  (beside this file)
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                           ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
@@ -210,41 +206,9 @@ def fix_batch_p2p():
     schedules._batch_p2p = _batch_p2p
 
 
-def without_libuv():
-    """TCPStore with use_libuv=False wherever torchrun's agent makes one."""
-    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
-    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous as static_backend
-
-    class TCPStore(dist.TCPStore):
-        def __init__(self, *args, **kwargs):
-            kwargs["use_libuv"] = False
-            super().__init__(*args, **kwargs)
-
-    dist.TCPStore = c10d_backend.TCPStore = static_backend.TCPStore = TCPStore
-
-
-def init():
-    try:
-        dist.init_process_group("gloo")
-    except RuntimeError as e:
-        if "libuv" not in str(e):
-            raise
-        # The agent store's client, as env:// builds it, without libuv.
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              int(os.environ["WORLD_SIZE"]), is_master=False, use_libuv=False)
-        store = dist.PrefixStore(f"/worker/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
-        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]))
-
-
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--torchrun":
-        from torch.distributed.run import main as torchrun
-
-        without_libuv()
-        nproc = sys.argv[2]
-        sys.argv = ["torchrun", "--standalone", "--nproc-per-node", nproc, __file__] + sys.argv[3:]
-        return torchrun()
+        return torchrun_without_libuv(__file__)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schedules", default="gpipe,1f1b,interleaved,zero-bubble")
     ap.add_argument("--microbatches", default="", help="default P, 2P, 4P")
@@ -259,7 +223,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     fix_batch_p2p()
-    init()
+    init_gloo()
     P = dist.get_world_size()
     ms = [int(v) for v in args.microbatches.split(",")] if args.microbatches else [P, 2 * P, 4 * P]
     results = []

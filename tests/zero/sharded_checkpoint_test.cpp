@@ -29,7 +29,10 @@ using cohort::zero::ShardedOptimizer;
 namespace {
 
 // Parameters of uneven sizes, so that worlds 2, 3 and 4 partition them differently.
+// Seeding is process-wide and the ranks are threads: one model at a time.
 torch::nn::Sequential make_model() {
+  static std::mutex seeding;
+  std::lock_guard<std::mutex> lock(seeding);
   torch::manual_seed(11);
   return torch::nn::Sequential(torch::nn::Linear(6, 40), torch::nn::Tanh(), torch::nn::Linear(40, 24),
                                torch::nn::Tanh(), torch::nn::Linear(24, 3));
@@ -206,12 +209,27 @@ TEST(ShardedCheckpoint, APlainOptimizerIsToldToUseAShardedOneOrConsolidate) {
     }
     ShardedOptimizer opt(model->parameters(), world.group(), adam());
     Checkpointer(dir, world.group(), quiet()).save(*model, opt, {1, 0, 1, {}}, torch::kCPU);
+    // Note [Nothing changes until everything fits]: a refused load leaves the
+    // model's weights as they were, not the checkpoint's.
+    auto fresh = make_model();
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : fresh->parameters()) p.fill_(0.25);
+    }
+    torch::optim::Adam fresh_plain(fresh->parameters(), torch::optim::AdamOptions(1e-2));
     try {
-      Checkpointer(dir, world.group(), quiet()).load_latest(*model, plain, torch::kCPU);
+      Checkpointer(dir, world.group(), quiet()).load_latest(*fresh, fresh_plain, torch::kCPU);
       ADD_FAILURE() << "a sharded state was loaded into a plain optimizer";
     } catch (const cohort::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("cohort checkpoint consolidate"), std::string::npos) << e.what();
     }
+    auto sgd = [](std::vector<torch::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9));
+    };
+    ShardedOptimizer fresh_sgd(fresh->parameters(), world.group(), sgd);
+    EXPECT_THROW(Checkpointer(dir, world.group(), quiet()).load_latest(*fresh, fresh_sgd, torch::kCPU),
+                 cohort::ConfigError);
+    for (const auto& p : fresh->parameters()) EXPECT_TRUE(p.eq(0.25).all().item<bool>());
     // Another model: refused on every rank, the optimizer unchanged.
     torch::nn::Sequential other(torch::nn::Linear(6, 40), torch::nn::Linear(40, 3));
     ShardedOptimizer other_opt(other->parameters(), world.group(), adam());
@@ -232,6 +250,7 @@ TEST(ShardedCheckpoint, TheConsolidatedFileHoldsEveryStateOnce) {
     auto model = make_model();
     ShardedOptimizer opt(model->parameters(), world.group(), adam());
     train(model, opt, batches);
+    opt.set_lr(0.05);  // as a scheduler does after step(): the file holds what is in force
     Checkpointer(dir, world.group(), quiet()).save(*model, opt, {2, 1, 2, {}}, torch::kCPU);
     whole.take(opt, model);
   });
@@ -263,7 +282,7 @@ TEST(ShardedCheckpoint, TheConsolidatedFileHoldsEveryStateOnce) {
   ASSERT_EQ(groups.size(), 1u);
   const auto group = groups.get(0).toGenericDict();
   // Note [No floats for Python 1.13]: a 0-d float64 tensor.
-  EXPECT_DOUBLE_EQ(group.at("lr").toTensor().item<double>(), 1e-2);
+  EXPECT_DOUBLE_EQ(group.at("lr").toTensor().item<double>(), 0.05);
   std::vector<std::int64_t> listed;
   for (const c10::IValue i : group.at("params").toList()) listed.push_back(i.toInt());
   EXPECT_EQ(listed, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5}));
@@ -280,4 +299,49 @@ TEST(ShardedCheckpoint, TheConsolidatedFileHoldsEveryStateOnce) {
     EXPECT_NE(std::string(e.what()).find(cohort::checkpoint::shard_file_name(1, 3)), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(out));
+  // Nor into the checkpoint it reads.
+  EXPECT_THROW(cohort::checkpoint::consolidate_checkpoint(step, step + "/" + cohort::checkpoint::kManifestName, log),
+               cohort::DataError);
+}
+
+// Steps past nine digits: the newest by number, as load_latest takes it.
+TEST(ShardedCheckpoint, ConsolidateTakesTheNewestStepByNumber) {
+  cohort::testing::TempDir temp("cohort-sharded");
+  const std::string dir = temp.path + "/ckpt";
+  run_thread_world(2, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    ShardedOptimizer opt(model->parameters(), world.group(), adam());
+    Checkpointer ckpt(dir, world.group(), quiet());
+    for (std::int64_t s : {999999999LL, 1000000000LL}) ckpt.save(*model, opt, {s, 0, 0, {}}, torch::kCPU);
+  });
+  std::ostringstream log;
+  EXPECT_EQ(cohort::checkpoint::consolidate_checkpoint(dir, temp.path + "/out.pt", log).step, 1000000000);
+}
+
+// The learning rate after a sharded load is what a gathered load gives, on every
+// rank: the one in force (LibTorch 1.13 restores no options) or the saved one.
+TEST(ShardedCheckpoint, OptionsAfterALoadAreThoseOfAGatheredLoad) {
+  cohort::testing::TempDir temp("cohort-sharded");
+  const std::string dir = temp.path + "/ckpt", whole = temp.path + "/whole.pt";
+  const Batches batches(1);
+  run_thread_world(2, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    ShardedOptimizer opt(model->parameters(), world.group(), adam());
+    train(model, opt, batches);
+    opt.set_lr(0.05);
+    Checkpointer(dir, world.group(), quiet()).save(*model, opt, {1, 0, 1, {}}, torch::kCPU);
+    opt.gather_state(0);
+    if (world.rank() == 0) torch::save(opt, whole);
+    opt.release_gathered_state();
+  });
+  run_thread_world(6, [&](cohort::comm::World& world) {  // six parameters: one each
+    auto model = make_model();
+    ShardedOptimizer sharded(model->parameters(), world.group(), adam());
+    sharded.set_lr(0.02);
+    Checkpointer(dir, world.group(), quiet()).load_latest(*model, sharded, torch::kCPU);
+    ShardedOptimizer gathered(model->parameters(), world.group(), adam());
+    gathered.set_lr(0.02);
+    torch::load(gathered, whole);
+    EXPECT_DOUBLE_EQ(sharded.lr(), gathered.lr()) << "rank " << world.rank();
+  });
 }

@@ -496,7 +496,10 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
                                       "file system that every node shares",
                                       group_.rank(), path, error));
   }
-  load_state_dict(model, model_bytes, path + "/model.pt");
+  // Note [Nothing changes until everything fits]: the model is checked, then the
+  // optimizer loads (it changes nothing when it refuses), and only then does the
+  // model take the saved weights. A refused checkpoint leaves both as they were.
+  const auto checked_model = check_state_dict(model, model_bytes, path + "/model.pt");
   if (manifest.shards) {
     // Ranks read different shards, so one may fail alone: all answer together.
     std::int64_t code = 0;  // 1: unreadable (DataError), 2: does not fit (ConfigError)
@@ -522,6 +525,7 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
   } else {
     load_optimizer(optimizer, optimizer_file, path + "/optimizer.pt", device);
   }
+  checked_model.apply();
 
   Restored restored{trainer.progress, path, false};
   const std::size_t generators = capture_rng_state(device).size();

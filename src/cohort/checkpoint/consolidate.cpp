@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 #include <torch/serialize/input-archive.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <vector>
 
 #include "cohort/checkpoint/atomic_file.h"
+#include "cohort/checkpoint/checkpointer.h"
 #include "cohort/checkpoint/manifest.h"
 #include "cohort/checkpoint/torch_format.h"
 #include "cohort/checkpoint/trainer_state.h"
@@ -98,21 +98,19 @@ OptimizerFile read_optimizer_file(const std::string& bytes, const std::string& s
   return file;
 }
 
-// The newest step directory of `directory` whose files all pass their manifest.
+// The newest step directory of `directory` whose files all pass their manifest,
+// by step number, as Checkpointer::load_latest takes them.
 std::string newest_complete(const std::string& directory, std::ostream& log) {
-  std::vector<fs::path> steps;
-  for (const auto& entry : fs::directory_iterator(directory)) {
-    const auto name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && fs::exists(entry.path() / kManifestName)) steps.push_back(entry.path());
-  }
-  std::sort(steps.rbegin(), steps.rend());  // zero-padded steps: by name is by step
-  for (const auto& step : steps) {
+  const Checkpointer steps(directory, comm::Group());
+  const auto on_disk = steps.steps_on_disk();
+  for (auto it = on_disk.rbegin(); it != on_disk.rend(); ++it) {
+    const std::string path = steps.path_of(*it);
     try {
-      const auto manifest = read_manifest(step.string());
-      for (const auto& [name, entry] : manifest.files) read_listed(step.string(), manifest, name);
-      return step.string();
+      const auto manifest = read_manifest(path, *it);
+      for (const auto& [name, entry] : manifest.files) read_listed(path, manifest, name);
+      return path;
     } catch (const DataError& e) {
-      log << fmt::format("cohort checkpoint: skipping {}: {}\n", step.string(), e.what());
+      log << fmt::format("cohort checkpoint: skipping {}: {}\n", path, e.what());
     }
   }
   throw DataError(fmt::format("{} holds no complete checkpoint (no step-N directory whose files pass their "
@@ -129,6 +127,9 @@ Consolidated consolidate_checkpoint(const std::string& source, const std::string
     throw DataError(fmt::format("{} is not a directory; give a checkpoint (step-N) or a directory of them", source));
   report.checkpoint = fs::exists(fs::path(source) / kManifestName) ? source : newest_complete(source, log);
   const std::string& path = report.checkpoint;
+  if (fs::weakly_canonical(fs::absolute(out)).parent_path() == fs::weakly_canonical(fs::absolute(path)))
+    throw DataError(fmt::format("{} would be written into the checkpoint {} it is made from; write it elsewhere",
+                                out, path));
   const auto manifest = read_manifest(path);
   report.step = manifest.step;
 

@@ -49,6 +49,15 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path) {
 }
 
 void load_state_dict(torch::nn::Module& module, const std::string& bytes, const std::string& source) {
+  check_state_dict(module, bytes, source).apply();
+}
+
+void CheckedStateDict::apply() const {
+  torch::NoGradGuard no_grad;
+  for (const auto& [target, saved] : copies_) target.copy_(saved);
+}
+
+CheckedStateDict check_state_dict(torch::nn::Module& module, const std::string& bytes, const std::string& source) {
   const c10::IValue value = torch_load_bytes(bytes, source);
   if (!value.isGenericDict()) {
     throw DataError(fmt::format("{}: holds a {}, not a state dict (dict[str, Tensor])", source,
@@ -56,7 +65,8 @@ void load_state_dict(torch::nn::Module& module, const std::string& bytes, const 
   }
   const auto dict = value.toGenericDict();
   // Check everything before changing anything, so a mismatch leaves the model as it was.
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  CheckedStateDict checked;
+  auto& copies = checked.copies_;
   std::set<std::string> expected;
   for (const auto& [name, target] : named_tensors(module)) {
     expected.insert(name);
@@ -89,8 +99,7 @@ void load_state_dict(torch::nn::Module& module, const std::string& bytes, const 
                                     source, key));
     }
   }
-  torch::NoGradGuard no_grad;
-  for (auto& [target, saved] : copies) target.copy_(saved);
+  return checked;
 }
 
 void load_state_dict_file(torch::nn::Module& module, const std::string& path) {

@@ -13,6 +13,8 @@
 #include <torch/nn/module.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace cohort::checkpoint {
 
@@ -29,6 +31,19 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path);
 // may be left over; otherwise a cohort::ConfigError names the key, both shapes and
 // `source` (a path, for the message), and the module is left unchanged.
 void load_state_dict(torch::nn::Module& module, const std::string& bytes, const std::string& source);
+
+// The check of load_state_dict alone: throws as it does and changes nothing; apply()
+// then makes the copies. For a caller that must check everything it loads before it
+// changes anything (Checkpointer::load_latest).
+class CheckedStateDict {
+ public:
+  void apply() const;
+
+ private:
+  friend CheckedStateDict check_state_dict(torch::nn::Module&, const std::string&, const std::string&);
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies_;  // (the module's tensor, the saved one)
+};
+CheckedStateDict check_state_dict(torch::nn::Module& module, const std::string& bytes, const std::string& source);
 void load_state_dict_file(torch::nn::Module& module, const std::string& path);
 
 }  // namespace cohort::checkpoint

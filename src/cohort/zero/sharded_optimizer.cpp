@@ -331,13 +331,19 @@ void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
 
 checkpoint::ShardLayout ShardedOptimizer::shard_layout() const { return {group_.size(), owner_}; }
 
-std::string ShardedOptimizer::shard_bytes() const { return serialized(local_.get()); }
+std::string ShardedOptimizer::shard_bytes() const {
+  // The options in force (set_lr(), a scheduler) reach the shard's optimizer only in
+  // step(); the file holds them as they are now, as a gathered save does.
+  if (local_) local_->param_groups()[0].set_options(param_groups()[0].options().clone());
+  return serialized(local_.get());
+}
 
 // Note [Resharding]: saved shard k holds an optimizer over the parameters that k
 // owned then, in order. Each saved shard that holds a parameter this rank owns now
 // is loaded into an optimizer over k's parameters, and the states of this rank's
 // parameters move into a fresh shard optimizer; the others are dropped with it. So
-// a rank reads about 1/N of the state, never the whole.
+// a rank reads about 1/N of the state, never the whole. A rank that owns nothing
+// reads nothing and keeps the group options in force.
 void ShardedOptimizer::load_shards(const checkpoint::ShardLayout& saved,
                                    const std::function<std::string(int)>& shard) {
   const auto& all = all_params();
@@ -363,14 +369,18 @@ void ShardedOptimizer::load_shards(const checkpoint::ShardLayout& saved,
     if (!wanted) continue;
     const std::string bytes = shard(k);
     auto part = make_(theirs);
+    // Where LibTorch restores no options from an archive (1.13), the ones in force
+    // stay, as in load(); where it does, the saved ones come back.
+    part->param_groups()[0].set_options(param_groups()[0].options().clone());
     try {
       torch::serialize::InputArchive archive;
       archive.load_from(bytes.data(), bytes.size());
       part->load(archive);
     } catch (const c10::Error& e) {
+      const std::string why = e.what_without_backtrace();
       throw ConfigError(fmt::format("cohort ShardedOptimizer: shard {} of the saved state does not fit this "
                                     "optimizer ({}); it was saved with another optimizer or model",
-                                    k, e.what_without_backtrace()));
+                                    k, why.substr(0, why.find('\n'))));
     }
     if (!options) options = part->param_groups()[0].options().clone();
     move_states(*part, *fresh, shard_);

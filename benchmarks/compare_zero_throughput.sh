@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Step time of DDP, ZeRO-1 and ZeRO-2 (docs/zero.md) on a 21M-parameter model with
+# Adam, world 2, Gloo, one thread per rank, side by side with PyTorch on the same
+# model and protocol (benchmarks/zero_peer.py): its DDP and ZeroRedundancyOptimizer
+# (Debian 12's PyTorch 1.13, under `cohort run`), and its DDP, ZeroRedundancyOptimizer
+# and FSDP (SHARD_GRAD_OP and FULL_SHARD) from Debian 13's PyTorch 2.6 in the chroot
+# (scripts/torch2-chroot; 1.13's FSDP does not import under Python 3.11). Each line:
+# the median of 7 timed repetitions of 3 steps after 3 warm-up steps, the slowest
+# rank's. Needs a quiet machine (a build beside it cuts the figures several-fold)
+# and root (the chroot). ZERO_BENCH_ARGS="--width 512 --reps 3" for a smoke run.
+#   benchmarks/compare_zero_throughput.sh [BUILD_DIR]
+set -euo pipefail
+build=${1:-build}
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+read -r -a extra <<< "${ZERO_BENCH_ARGS:-}"
+export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
+cohort=("$build/tools/cohort/cohort" run --nproc-per-node 2 --local-ranks-filter 0)
+for mode in ddp zero1 zero2; do
+  "${cohort[@]}" "$build/benchmarks/zero_bench" throughput --mode "$mode" "${extra[@]}" | sed 's/^\[rank0\]: //'
+done
+for mode in ddp zero1; do
+  # Stock c10d workers get a plain TCPStore (docs/store_security.md).
+  "${cohort[@]}" --rdzv-conf worker_store=tcpstore /usr/bin/python3 "$here/zero_peer.py" --mode "$mode" \
+    "${extra[@]}" | sed 's/^\[rank0\]: //'
+done
+COHORT_TORCH2_FLAVOR=${COHORT_TORCH2_FLAVOR:-cuda} "$repo/scripts/torch2-chroot" "
+  for mode in ddp zero1 fsdp-grad-op fsdp-full; do
+    GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 python3 -u benchmarks/zero_peer.py --torchrun 2 --mode \$mode ${extra[*]} |
+      grep '^{'
+  done"
