@@ -284,7 +284,8 @@ TEST(ShardedCheckpoint, TheConsolidatedFileHoldsEveryStateOnce) {
   // Note [No floats for Python 1.13]: a 0-d float64 tensor.
   EXPECT_DOUBLE_EQ(group.at("lr").toTensor().item<double>(), 0.05);
   std::vector<std::int64_t> listed;
-  for (const c10::IValue i : group.at("params").toList()) listed.push_back(i.toInt());
+  const auto params = group.at("params").toList();
+  for (std::size_t k = 0; k < params.size(); ++k) listed.push_back(params.get(k).toInt());
   EXPECT_EQ(listed, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5}));
 
   // A damaged shard: the tool names it and writes nothing.
