@@ -196,6 +196,40 @@ Pending Group::all_gather_async(const at::Tensor& tensor, std::vector<at::Tensor
   return launch("all_gather", tensor.nbytes() * size(), [&] { return g.backend->allgather(outputs, inputs, opts); });
 }
 
+Pending Group::all_gather_into_async(const at::Tensor& tensor, std::vector<at::Tensor> parts) {
+  auto& g = checked("all_gather");
+  check_tensor(g, "all_gather", tensor);
+  TORCH_INTERNAL_ASSERT(static_cast<int>(parts.size()) == size(), "one part per rank");
+  std::vector<std::vector<at::Tensor>> outputs{std::move(parts)};
+  std::vector<at::Tensor> inputs{tensor};
+  c10d::AllgatherOptions opts;
+  opts.timeout = g.timeout;
+  return launch("all_gather", tensor.nbytes() * size(), [&] { return g.backend->allgather(outputs, inputs, opts); });
+}
+
+Pending Group::reduce_scatter_async(at::Tensor& input, at::Tensor& output) {
+  auto& g = checked("reduce_scatter");
+  check_tensor(g, "reduce_scatter", input);
+  const int n = size();
+  TORCH_INTERNAL_ASSERT(input.dim() == 1 && input.numel() == output.numel() * n && output.is_contiguous(),
+                        "reduce_scatter_async: a flat input of size() chunks, one chunk's output");
+  if (g.backend->getBackendName() == "nccl") {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(ReduceOp::kSum);
+    opts.timeout = g.timeout;
+    return launch("reduce_scatter", input.nbytes(), [&] { return g.backend->_reduce_scatter_base(output, input, opts); });
+  }
+  std::vector<at::Tensor> tensors{input};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(ReduceOp::kSum);
+  opts.timeout = g.timeout;
+  auto finish = [input, output, chunk = output.numel(), r = rank()]() mutable {
+    output.copy_(input.narrow(0, chunk * r, chunk));
+  };
+  return launch("reduce_scatter", input.nbytes(), [&] { return g.backend->allreduce(tensors, opts); },
+                std::move(finish));
+}
+
 at::Tensor Group::reduce_scatter(const at::Tensor& input, ReduceOp op) {
   auto& g = checked("reduce_scatter");
   check_tensor(g, "reduce_scatter", input);

@@ -80,9 +80,17 @@ class Group {
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
   // `parts` gets size() tensors at once; they hold the result after wait().
   Pending all_gather_async(const at::Tensor& tensor, std::vector<at::Tensor>& parts);
+  // Gathers into `parts` (size() tensors shaped as `tensor`, e.g. views of one flat
+  // buffer) instead of new ones.
+  Pending all_gather_into_async(const at::Tensor& tensor, std::vector<at::Tensor> parts);
   // `input`'s first dimension is split into size() equal chunks; returns the reduction
   // of chunk rank() over all ranks.
   at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  // The sum of chunk rank() of `input` over the ranks lands in `output` (contiguous,
+  // one chunk's size) after wait(). `input` is scratch: its contents are unspecified
+  // afterwards. Gloo has no reduce-scatter in every LibTorch we support, so there it
+  // is an all-reduce of `input` whose chunk is copied out.
+  Pending reduce_scatter_async(at::Tensor& input, at::Tensor& output);
   void barrier();
   void send(const at::Tensor& tensor, int dst, int tag = 0);
   void recv(at::Tensor& tensor, int src, int tag = 0);

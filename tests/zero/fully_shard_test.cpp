@@ -1,0 +1,414 @@
+// ZeRO-3 (zero/fully_shard.h) with ranks as threads: the sharded model trains as the
+// same model unsharded does on the whole batch, holds 1/N of the parameters, frees
+// what it gathers, and refuses what it cannot do. Real processes against DDP:
+// tests/multiproc/zero_test.cpp.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+#include "cohort/errors.h"
+#include "cohort/zero/fully_shard.h"
+#include "cohort/zero/fully_sharded_optimizer.h"
+#include "cohort/compat/optimizer.h"
+#include "cohort/zero/state_bytes.h"
+#include "support/thread_world.h"
+
+namespace {
+using cohort::zero::FullyShard;
+using cohort::zero::FullyShardOptions;
+
+constexpr int kHidden = 8;
+
+// tanh(x W^T + b); W may be shared with another block.
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(torch::Tensor w) {
+    weight = register_parameter("weight", std::move(w));
+    bias = register_parameter("bias", torch::randn({kHidden}) * 0.1);
+  }
+  torch::Tensor forward(torch::Tensor x) { return torch::tanh(torch::addmm(bias, x, weight.t())); }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Block);
+
+// Two blocks that share one weight (so it belongs to the outer unit), a head, a
+// trainable scale and a frozen offset in the outer unit itself.
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(bool units, int hidden = kHidden) {
+    auto shared = torch::randn({kHidden, hidden}) * 0.3;
+    Block b1(shared), b2(shared);
+    if (units) {
+      u1 = register_module("b1", FullyShard<BlockImpl>(b1));
+      u2 = register_module("b2", FullyShard<BlockImpl>(b2));
+    } else {
+      p1 = register_module("b1", b1);
+      p2 = register_module("b2", b2);
+    }
+    head = register_module("head", torch::nn::Linear(kHidden, 3));
+    scale = register_parameter("scale", torch::ones({3}));
+    offset = register_parameter("offset", torch::full({3}, 0.5), /*requires_grad=*/false);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto h = u1 ? u2(u1(x)) : p2(p1(x));
+    return head(h) * scale + offset;
+  }
+  FullyShard<BlockImpl> u1{nullptr}, u2{nullptr};
+  Block p1{nullptr}, p2{nullptr};
+  torch::nn::Linear head{nullptr};
+  torch::Tensor scale, offset;
+};
+
+// The same initial values for the sharded model and its unsharded reference.
+struct Pair {
+  FullyShard<NetImpl> sharded{nullptr};
+  std::shared_ptr<NetImpl> reference;
+};
+Pair make_pair(int hidden = kHidden) {
+  static std::mutex seeding;  // torch::manual_seed is process-wide
+  std::lock_guard<std::mutex> lock(seeding);
+  Pair p;
+  torch::manual_seed(3);
+  p.sharded = FullyShard<NetImpl>(std::make_shared<NetImpl>(true, hidden));
+  torch::manual_seed(3);
+  p.reference = std::make_shared<NetImpl>(false, hidden);
+  return p;
+}
+
+struct Data {
+  torch::Tensor x, y;
+};
+Data data(int rows, int seed) {
+  static std::mutex seeding;
+  std::lock_guard<std::mutex> lock(seeding);
+  torch::manual_seed(seed);
+  return {torch::randn({rows, kHidden}), torch::randn({rows, 3})};
+}
+
+torch::Tensor loss(const torch::Tensor& out, const torch::Tensor& y) {
+  return torch::mse_loss(out.to(torch::kFloat), y);
+}
+
+// Each parameter once: parameters() lists the shared weight twice, and an
+// optimizer given it twice would step it twice.
+std::vector<torch::Tensor> unique_parameters(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters())
+    if (std::none_of(out.begin(), out.end(), [&](const auto& q) { return q.is_same(p); })) out.push_back(p);
+  return out;
+}
+
+// Rank r's rows of the batch.
+Data slice(const Data& d, int rank, int world) {
+  const auto rows = d.x.size(0) / world;
+  return {d.x.narrow(0, rank * rows, rows), d.y.narrow(0, rank * rows, rows)};
+}
+
+void expect_close(cohort::zero::FullyShardedModel& sharded, torch::nn::Module& model, torch::nn::Module& reference,
+                  double atol, const std::string& where) {
+  auto full = sharded.full_parameters();
+  auto mine = model.named_parameters();
+  auto theirs = reference.named_parameters();
+  ASSERT_EQ(mine.size(), theirs.size());
+  for (const auto& p : theirs) {
+    ASSERT_TRUE(mine.contains(p.key())) << p.key();
+    EXPECT_TRUE(torch::allclose(mine[p.key()], p.value(), 1e-5, atol))
+        << where << ": " << p.key() << "\n" << mine[p.key()] << "\n" << p.value();
+  }
+}
+
+// Adam, K steps, at worlds 2 and 3: the sharded model ends where one process
+// training the unsharded model on the whole batch ends.
+TEST(FullyShard, TrainsAsTheUnshardedModelOnTheWholeBatch) {
+  for (int world_size : {2, 3}) {
+    for (bool reshard : {true, false}) {
+      const auto batch = data(6 * world_size, 7);
+      cohort::testing::run_thread_world(world_size, [&](cohort::comm::World& world) {
+        auto pair = make_pair();
+        auto sharded =
+            cohort::zero::fully_shard(pair.sharded, world.group(), FullyShardOptions().reshard_after_forward(reshard));
+        torch::optim::Adam opt(sharded.parameters(), torch::optim::AdamOptions(0.05));
+        torch::optim::Adam ref_opt(unique_parameters(*pair.reference), torch::optim::AdamOptions(0.05));
+        const auto mine = slice(batch, world.rank(), world_size);
+        for (int step = 0; step < 4; ++step) {
+          opt.zero_grad();
+          loss(pair.sharded(mine.x), mine.y).backward();
+          opt.step();
+          ref_opt.zero_grad();
+          loss(pair.reference->forward(batch.x), batch.y).backward();
+          ref_opt.step();
+        }
+        expect_close(sharded, *pair.sharded, *pair.reference, 1e-5,
+                     "world " + std::to_string(world_size) + " reshard " + std::to_string(reshard));
+        // The frozen offset never moved and never had a gradient.
+        auto full = sharded.full_parameters();
+        EXPECT_TRUE(torch::equal(pair.sharded->module()->offset, torch::full({3}, 0.5)));
+      });
+    }
+  }
+}
+
+TEST(FullyShard, HoldsItsShareOfTheParametersAndFreesWhatItGathers) {
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    const auto& flats = sharded.schedule().flats();
+    std::int64_t shards = 0;
+    for (const auto& f : flats) shards += f->chunk_numel() * 4;
+    // Units: the outer one (scale, head, the shared weight, and the frozen offset
+    // apart), b1 (its bias) and b2 (its bias).
+    EXPECT_EQ(sharded.schedule().units().size(), 3u);
+    EXPECT_EQ(flats.size(), 4u);
+    const auto total = sharded.total_parameters();
+    EXPECT_EQ(total, kHidden * kHidden + 2 * kHidden + 3 * kHidden + 3 + 3 + 3);
+    EXPECT_EQ(sharded.local_parameter_bytes(), shards);
+    EXPECT_LE(shards, total * 4 / 2 + 4 * static_cast<std::int64_t>(flats.size()));
+    for (const auto& p : pair.sharded->parameters()) {
+      EXPECT_EQ(p.storage().nbytes(), 0u) << "not freed";
+      EXPECT_EQ(p.numel(), 0) << "a freed parameter must not look readable";
+    }
+    // Reading a freed parameter is an error, not garbage.
+    EXPECT_THROW(pair.sharded->module()->head(torch::ones({1, kHidden})), c10::Error);
+
+    const auto d = slice(data(4, 1), world.rank(), 2);
+    auto out = pair.sharded(d.x);
+    // After the forward only the outer unit stays gathered (reshard_after_forward).
+    std::int64_t outer = 0;
+    for (auto f : sharded.schedule().units()[0].flats) outer += flats[f]->padded_numel() * 4;
+    EXPECT_EQ(sharded.local_parameter_bytes(), shards + outer);
+    loss(out, d.y).backward();
+    EXPECT_EQ(sharded.local_parameter_bytes(), shards) << "a unit stayed gathered after the backward";
+    EXPECT_EQ(sharded.local_gradient_bytes(), shards - flats[1]->chunk_numel() * 4)  // all but the frozen flat
+        << "the sharded gradients are one chunk per trainable flat";
+    for (const auto& p : pair.sharded->parameters()) EXPECT_FALSE(p.grad().defined()) << "an original got a .grad";
+    {
+      torch::NoGradGuard no_grad;
+      pair.sharded(d.x);
+      EXPECT_EQ(sharded.local_parameter_bytes(), shards) << "a forward without grad left a unit gathered";
+    }
+  });
+}
+
+// Accumulation: two micro-batches under no_sync and one synchronised equal the
+// reference's three backwards; prefetch on or off changes nothing, bitwise.
+TEST(FullyShard, NoSyncAccumulatesAndPrefetchChangesNothing) {
+  const auto batch = data(12, 9);
+  std::vector<std::vector<torch::Tensor>> results(2);
+  for (bool prefetch : {true, false}) {
+    std::mutex m;
+    cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+      auto pair = make_pair();
+      auto sharded = cohort::zero::fully_shard(pair.sharded, world.group(), FullyShardOptions().prefetch(prefetch));
+      torch::optim::SGD opt(sharded.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      torch::optim::SGD ref_opt(unique_parameters(*pair.reference), torch::optim::SGDOptions(0.1).momentum(0.9));
+      for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        ref_opt.zero_grad();
+        for (int micro = 0; micro < 3; ++micro) {
+          const auto part = Data{batch.x.narrow(0, micro * 4, 4), batch.y.narrow(0, micro * 4, 4)};
+          const auto mine = slice(part, world.rank(), 2);
+          if (micro < 2) {
+            auto guard = sharded.no_sync();
+            loss(pair.sharded(mine.x), mine.y).backward();
+          } else {
+            loss(pair.sharded(mine.x), mine.y).backward();
+          }
+          loss(pair.reference->forward(part.x), part.y).backward();
+        }
+        opt.step();
+        ref_opt.step();
+      }
+      expect_close(sharded, *pair.sharded, *pair.reference, 1e-5, "no_sync");
+      if (world.rank() == 0) {
+        std::lock_guard<std::mutex> lock(m);
+        for (const auto& p : sharded.parameters()) results[prefetch ? 0 : 1].push_back(p.detach().clone());
+      }
+    });
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (std::size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(torch::equal(results[0][i], results[1][i]));
+}
+
+TEST(FullyShard, FullParametersReadAndWriteTheWholeModel) {
+  cohort::testing::run_thread_world(3, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    {
+      auto full = sharded.full_parameters(/*write_back=*/true);
+      torch::NoGradGuard no_grad;
+      for (auto& p : pair.sharded->parameters()) p.fill_(0.25);
+    }
+    for (auto& p : pair.reference->parameters()) p.detach().fill_(0.25);
+    const auto d = data(3, 4);
+    // The forward computes with the values written back.
+    auto out = pair.sharded(d.x);
+    EXPECT_TRUE(torch::allclose(out, pair.reference->forward(d.x))) << out;
+    // Clipping sees the whole model's norm.
+    loss(out, d.y).backward();
+    loss(pair.reference->forward(d.x), d.y).backward();
+    const double norm = sharded.clip_grad_norm(0.01);
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(unique_parameters(*pair.reference), 0.01);
+    EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm);
+  });
+}
+
+TEST(FullyShard, ComputesInParamDtypeAndStaysCloseToFloat32) {
+  const auto batch = data(8, 5);
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    auto sharded = cohort::zero::fully_shard(
+        pair.sharded, world.group(),
+        FullyShardOptions().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat32));
+    for (const auto& p : sharded.parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
+    torch::optim::SGD opt(sharded.parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ref_opt(unique_parameters(*pair.reference), torch::optim::SGDOptions(0.1));
+    const auto mine = slice(batch, world.rank(), 2);
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      auto out = pair.sharded(mine.x);
+      EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+      loss(out, mine.y).backward();
+      for (const auto& p : sharded.parameters()) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32);
+      opt.step();
+      ref_opt.zero_grad();
+      loss(pair.reference->forward(batch.x), batch.y).backward();
+      ref_opt.step();
+    }
+    expect_close(sharded, *pair.sharded, *pair.reference, 2e-2, "bf16");
+    // The whole model reads back in its own dtype.
+    auto full = sharded.full_parameters();
+    for (const auto& p : pair.sharded->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
+  });
+}
+
+cohort::zero::OptimizerFactory adam() {
+  return [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.05).amsgrad(true));
+  };
+}
+
+std::string saved(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load(torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
+}
+
+// Note [ZeRO-3 optimizer state]: saved at world 2, the state is what one Adam over
+// the unsharded model holds, bitwise; loaded at world 3, training goes on as the
+// unsharded model's does.
+TEST(FullyShard, OptimizerStateSavesWholeAndLoadsAtAnotherWorldSize) {
+  const auto batch = data(12, 13);
+  std::string whole_state;
+  std::string reference_state;
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    cohort::zero::FullyShardedOptimizer opt(sharded, adam());
+    torch::optim::Adam ref_opt(unique_parameters(*pair.reference), torch::optim::AdamOptions(0.05).amsgrad(true));
+    const auto mine = slice(batch, world.rank(), 2);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      loss(pair.sharded(mine.x), mine.y).backward();
+      opt.step();
+      ref_opt.zero_grad();
+      loss(pair.reference->forward(batch.x), batch.y).backward();
+      ref_opt.step();
+    }
+    EXPECT_LT(opt.local_state_bytes(), cohort::zero::optimizer_state_bytes(ref_opt));
+    opt.gather_state(0);
+    if (world.rank() == 0) {
+      whole_state = saved(opt);
+      reference_state = saved(ref_opt);
+    } else {
+      EXPECT_THROW(saved(opt), cohort::ConfigError);
+    }
+    opt.release_gathered_state();
+  });
+  // The whole state loads into a plain Adam over the unsharded model, and holds
+  // what the reference's does.
+  {
+    auto pair = make_pair();
+    torch::optim::Adam plain(unique_parameters(*pair.reference), torch::optim::AdamOptions(0.05).amsgrad(true));
+    torch::optim::Adam ref(unique_parameters(*pair.reference), torch::optim::AdamOptions(0.05).amsgrad(true));
+    load(plain, whole_state);
+    load(ref, reference_state);
+    for (const auto& p : unique_parameters(*pair.reference)) {
+      auto key = cohort::compat::optimizer_state_key(p);
+      if (!p.requires_grad()) {
+        EXPECT_EQ(plain.state().count(key), 0u) << "the frozen offset has no state";
+        continue;
+      }
+      auto& a = static_cast<torch::optim::AdamParamState&>(*plain.state().at(key));
+      auto& b = static_cast<torch::optim::AdamParamState&>(*ref.state().at(key));
+      EXPECT_EQ(a.step(), b.step());
+      EXPECT_TRUE(torch::allclose(a.exp_avg(), b.exp_avg(), 1e-5, 1e-7));
+      EXPECT_TRUE(torch::allclose(a.exp_avg_sq(), b.exp_avg_sq(), 1e-5, 1e-9));
+      EXPECT_TRUE(torch::allclose(a.max_exp_avg_sq(), b.max_exp_avg_sq(), 1e-5, 1e-9));
+    }
+  }
+  // World 3 takes it back, with the weights the reference ended with.
+  cohort::testing::run_thread_world(3, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    torch::optim::Adam ref_opt(unique_parameters(*pair.reference), torch::optim::AdamOptions(0.05).amsgrad(true));
+    // The reference replays its three steps, then both take two more.
+    for (int step = 0; step < 3; ++step) {
+      ref_opt.zero_grad();
+      loss(pair.reference->forward(batch.x), batch.y).backward();
+      ref_opt.step();
+    }
+    {
+      torch::NoGradGuard no_grad;
+      auto mine = pair.sharded->named_parameters();
+      for (const auto& p : pair.reference->named_parameters()) mine[p.key()].copy_(p.value());
+    }
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    cohort::zero::FullyShardedOptimizer opt(sharded, adam());
+    load(opt, whole_state);
+    const auto mine = slice(batch, world.rank(), 3);
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      loss(pair.sharded(mine.x), mine.y).backward();
+      opt.step();
+      ref_opt.zero_grad();
+      loss(pair.reference->forward(batch.x), batch.y).backward();
+      ref_opt.step();
+    }
+    expect_close(sharded, *pair.sharded, *pair.reference, 1e-5, "resumed at world 3");
+  });
+}
+
+TEST(FullyShard, BFloat16ReductionsOverGlooAreRefusedWithTheFix) {
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    try {
+      cohort::zero::fully_shard(pair.sharded, world.group(), FullyShardOptions().param_dtype(torch::kBFloat16));
+      ADD_FAILURE() << "accepted";
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("reduce_dtype(torch::kFloat32)"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(FullyShard, RanksWithDifferentModelsAreRefusedOnEveryRank) {
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair(world.rank() == 0 ? kHidden : kHidden + 1);
+    try {
+      cohort::zero::fully_shard(pair.sharded, world.group());
+      ADD_FAILURE() << "rank " << world.rank() << " accepted a different model";
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("b1.weight"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
