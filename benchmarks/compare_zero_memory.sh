@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Memory per rank: DDP against ZeRO-1 and ZeRO-2 on a 21M-parameter model with Adam,
-# at worlds 2 and 4, each in fresh processes (BENCHMARKS.md, docs/zero.md). Memory is
-# not disturbed by other load, so this needs no quiet machine.
+# Memory per rank: DDP against ZeRO-1, ZeRO-2 and ZeRO-3 (FULL_SHARD and SHARD_GRAD_OP)
+# on a 21M-parameter model with Adam, at worlds 2 and 4, each in fresh processes
+# (BENCHMARKS.md, docs/zero.md). Memory is not disturbed by other load, so this needs
+# no quiet machine.
 # Then the same at world 4 with 4 MiB buckets: ZeRO-2's transient gradients scale
 # with the bucket size, which is large against this model's 16 MiB layers. Last,
 # those again with glibc told to map every allocation of 64 KiB or more on its own
@@ -12,7 +13,7 @@ set -euo pipefail
 build=${1:-build}
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 for world in 2 4; do
-  for mode in ddp zero1 zero2; do
+  for mode in ddp zero1 zero2 zero3 zero3-grad-op; do
     "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 \
       "$build/benchmarks/zero_bench" memory --mode "$mode" | sed 's/^\[rank0\]: //'
   done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Step time of DDP, ZeRO-1 and ZeRO-2 (docs/zero.md) on a 21M-parameter model with
-# Adam, world 2, Gloo, one thread per rank, side by side with PyTorch on the same
-# model and protocol (benchmarks/zero_peer.py): its DDP and ZeroRedundancyOptimizer
+# Step time of DDP, ZeRO-1, ZeRO-2 and ZeRO-3 (docs/zero.md; zero3 is FULL_SHARD,
+# zero3-grad-op SHARD_GRAD_OP) on a 21M-parameter model with Adam, world 2, Gloo, one
+# thread per rank, side by side with PyTorch on the same model and protocol
+# (benchmarks/zero_peer.py): its DDP and ZeroRedundancyOptimizer
 # (Debian 12's PyTorch 1.13, under `cohort run`), and its DDP, ZeroRedundancyOptimizer
 # and FSDP (SHARD_GRAD_OP and FULL_SHARD) from Debian 13's PyTorch 2.6 in the chroot
 # (scripts/torch2-chroot; 1.13's FSDP does not import under Python 3.11). Each line:
@@ -16,7 +17,7 @@ repo=$(cd "$here/.." && pwd)
 read -r -a extra <<< "${ZERO_BENCH_ARGS:-}"
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 cohort=("$build/tools/cohort/cohort" run --nproc-per-node 2 --local-ranks-filter 0)
-for mode in ddp zero1 zero2; do
+for mode in ddp zero1 zero2 zero3 zero3-grad-op; do
   "${cohort[@]}" "$build/benchmarks/zero_bench" throughput --mode "$mode" "${extra[@]}" | sed 's/^\[rank0\]: //'
 done
 for mode in ddp zero1; do

@@ -1,20 +1,29 @@
-// DDP against ZeRO-1 and ZeRO-2 (docs/zero.md), one process per rank under
+// DDP against ZeRO-1, ZeRO-2 and ZeRO-3 (docs/zero.md), one process per rank under
 // `cohort run`: memory per rank (compare_zero_memory.sh, worlds 2 and 4) and step
 // time (compare_zero_throughput.sh, beside PyTorch's ZeroRedundancyOptimizer and
 // FSDP in benchmarks/zero_peer.py).
 //
-//   zero_bench memory --mode ddp|zero1|zero2 [--width W] [--layers L] [--steps K] [--bucket-mib B]
-//   zero_bench throughput --mode ddp|zero1|zero2 [--width W] [--layers L] [--batch N]
+//   zero_bench memory --mode MODE [--width W] [--layers L] [--steps K] [--bucket-mib B]
+//   zero_bench throughput --mode MODE [--width W] [--layers L] [--batch N]
 //              [--steps K] [--reps R] [--warmup U] [--bucket-mib B]
+//
+//   MODE  ddp            DistributedDataParallel, Adam on every rank
+//         zero1          DDP, Adam's state sharded (ShardedOptimizer)
+//         zero2          gradients and Adam's state sharded (ShardedOptimizer)
+//         zero3          parameters too (zero::fully_shard): each linear layer a unit,
+//                        the model the root unit, FULL_SHARD (reshard_after_forward)
+//         zero3-grad-op  zero3 keeping each unit gathered from its forward to its
+//                        backward (reshard_after_forward(false): SHARD_GRAD_OP)
 //
 // The model is L linear layers of W x W (default 5 x 2048: 21.0M parameters, 84 MB
 // in float32), trained with Adam on one random batch.
 //
-// memory: K steps (default 3). After the last
-// backward (before its step) each rank counts the bytes of its parameters, of the
-// gradients it holds (DDP's buckets, as .grad aliases them with
-// gradient_as_bucket_view), and of its optimizer state after the step; and its peak
-// RSS over the steps, beside its RSS before the model existed. Rank 0 prints one JSON
+// memory: K steps (default 3). After the last backward (before its step) each rank
+// counts the bytes of its parameters (ZeRO-3's shards alone: no unit is gathered
+// then), of the gradients it holds (DDP's buckets, as .grad aliases them with
+// gradient_as_bucket_view; ZeRO-3's sharded gradients), and of its optimizer state
+// after the step; and its peak RSS over the steps, beside its RSS before the model
+// existed. Rank 0 prints one JSON
 // line per rank, with the ZeRO paper's per-rank formulas in float32 terms: DDP
 // (4+4+K)Ψ, ZeRO-1 4Ψ+4Ψ+KΨ/N, ZeRO-2 4Ψ+(4+K)Ψ/N, ZeRO-3 (4+4+K)Ψ/N, with K = 8
 // bytes of Adam state per parameter. (The paper counts mixed precision: 2Ψ of
@@ -36,10 +45,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cohort/comm/world.h"
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/elastic/error_file.h"
+#include "cohort/zero/fully_shard.h"
+#include "cohort/zero/fully_sharded_optimizer.h"
 #include "cohort/zero/sharded_optimizer.h"
 #include "cohort/zero/state_bytes.h"
 #include "process_memory.h"
@@ -71,6 +83,28 @@ torch::nn::Sequential make_model(const Args& a) {
   return model;
 }
 
+// zero3's model: make_model's linear layers, the same modules with the same values,
+// each a ZeRO-3 unit. A unit's forward is a template, which torch::nn::Sequential
+// cannot call, so this calls them in turn, with make_model's ReLU between.
+struct UnitsImpl : torch::nn::Module {
+  explicit UnitsImpl(const torch::nn::Sequential& model) {
+    for (const auto& child : model->children())
+      if (auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(child)) {
+        cohort::zero::FullyShard<torch::nn::LinearImpl> unit(linear);
+        layers.push_back(unit);
+        register_module("layer" + std::to_string(layers.size() - 1), unit);
+      }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      x = layers[i](x);
+      if (i + 1 < layers.size()) x = torch::relu(x);
+    }
+    return x;
+  }
+  std::vector<cohort::zero::FullyShard<torch::nn::LinearImpl>> layers;
+};
+
 std::int64_t bytes_of(const std::vector<torch::Tensor>& tensors, bool grads) {
   std::int64_t n = 0;
   for (const auto& t : tensors) {
@@ -80,17 +114,35 @@ std::int64_t bytes_of(const std::vector<torch::Tensor>& tensors, bool grads) {
   return n;
 }
 
-// The model, under DDP (ddp, zero1) or not (zero2), and its optimizer.
+// What a rank holds after a backward, before the step.
+struct Held {
+  std::int64_t parameter_bytes = 0;
+  std::int64_t gradient_bytes = 0;
+};
+
+// The model, under DDP (ddp, zero1), alone (zero2) or fully sharded (zero3,
+// zero3-grad-op: then `model` is empty, its layers moved into `root`), and its
+// optimizer.
 struct Setup {
   torch::nn::Sequential model;
   std::optional<cohort::ddp::DistributedDataParallel<torch::nn::Sequential>> ddp;
+  cohort::zero::FullyShard<UnitsImpl> root{nullptr};
+  std::optional<cohort::zero::FullyShardedModel> sharded;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 
   Setup(const Args& a, cohort::comm::World& world) : model(make_model(a)) {
     auto adam = [](std::vector<torch::Tensor> p) {
       return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-4));
     };
-    if (a.mode == "zero2") {
+    if (a.mode == "zero3" || a.mode == "zero3-grad-op") {
+      root = cohort::zero::FullyShard<UnitsImpl>(std::make_shared<UnitsImpl>(model));
+      // The layers are the units' now; their parameters, freed in place between
+      // steps, would read through the Sequential as a model of no elements.
+      model = torch::nn::Sequential();
+      sharded.emplace(cohort::zero::fully_shard(
+          root, world.group(), cohort::zero::FullyShardOptions().reshard_after_forward(a.mode == "zero3")));
+      optimizer = std::make_unique<cohort::zero::FullyShardedOptimizer>(*sharded, adam);
+    } else if (a.mode == "zero2") {
       optimizer = std::make_unique<cohort::zero::ShardedOptimizer>(
           model->parameters(), world.group(), adam,
           cohort::zero::ShardedOptimizerOptions().shard_gradients(true).bucket_cap_bytes(a.bucket_mib << 20));
@@ -104,13 +156,25 @@ struct Setup {
         optimizer = adam(model->parameters());
     }
   }
-  // One whole step; the gradient bytes held after its backward.
-  std::int64_t step(const torch::Tensor& x) {
+  // One whole step; what was held after its backward.
+  Held step(const torch::Tensor& x) {
     optimizer->zero_grad();
-    (ddp ? (*ddp)(x) : model->forward(x)).square().mean().backward();
-    const auto held = bytes_of(model->parameters(), /*grads=*/true);
+    (sharded ? root(x) : ddp ? (*ddp)(x) : model->forward(x)).square().mean().backward();
+    Held held;
+    if (sharded) {
+      held = {sharded->local_parameter_bytes(), sharded->local_gradient_bytes()};
+    } else {
+      held = {bytes_of(model->parameters(), false), bytes_of(model->parameters(), /*grads=*/true)};
+    }
     optimizer->step();
     return held;
+  }
+  // The model's parameters (Psi), whoever holds them.
+  std::int64_t parameter_count() const {
+    if (sharded) return sharded->total_parameters();
+    std::int64_t n = 0;
+    for (const auto& p : model->parameters()) n += p.numel();
+    return n;
   }
 };
 
@@ -136,7 +200,7 @@ int throughput(const Args& a, cohort::comm::World& world) {
   std::cout << Json{{"peer", "cohort"},
                     {"mode", a.mode},
                     {"world", world.size()},
-                    {"parameters_million", static_cast<double>(bytes_of(setup.model->parameters(), false)) / 4e6},
+                    {"parameters_million", static_cast<double>(setup.parameter_count()) / 1e6},
                     {"batch_per_rank", a.batch},
                     {"steps_per_rep", a.steps},
                     {"reps", a.reps},
@@ -153,17 +217,21 @@ int memory(const Args& a, cohort::comm::World& world) {
   torch::set_num_threads(1);
   const double rss_before_mb = status_mb("VmRSS");
   Setup setup(a, world);
-  auto& model = setup.model;
-  auto& optimizer = setup.optimizer;
   const auto x = torch::randn({a.batch, a.width});
-  std::int64_t gradient_bytes = 0;
-  for (int s = 0; s < a.steps; ++s) gradient_bytes = setup.step(x);
-  const auto params = model->parameters();
-  const double psi = static_cast<double>(bytes_of(params, false)) / 4;  // parameters (float32)
-  const auto* sharded = dynamic_cast<const cohort::zero::ShardedOptimizer*>(optimizer.get());
-  const std::int64_t state = sharded ? sharded->local_state_bytes() : cohort::zero::optimizer_state_bytes(*optimizer);
+  Held held;
+  for (int s = 0; s < a.steps; ++s) held = setup.step(x);
+  const double psi = static_cast<double>(setup.parameter_count());  // float32, 4 bytes each
+  // The state of the optimizer that steps: a wrapper's own state() is empty.
+  const auto* optimizer = setup.optimizer.get();
+  std::int64_t state = 0;
+  if (const auto* z = dynamic_cast<const cohort::zero::ShardedOptimizer*>(optimizer))
+    state = z->local_state_bytes();
+  else if (const auto* z3 = dynamic_cast<const cohort::zero::FullyShardedOptimizer*>(optimizer))
+    state = z3->local_state_bytes();
+  else
+    state = cohort::zero::optimizer_state_bytes(*optimizer);
   const double n = world.size(), k = 8;
-  auto mine = torch::tensor({static_cast<double>(bytes_of(params, false)), static_cast<double>(gradient_bytes),
+  auto mine = torch::tensor({static_cast<double>(held.parameter_bytes), static_cast<double>(held.gradient_bytes),
                              static_cast<double>(state), status_mb("VmHWM"), rss_before_mb},
                             torch::kDouble);
   auto all = world.group().all_gather(mine);
@@ -184,7 +252,10 @@ int memory(const Args& a, cohort::comm::World& world) {
                        {{"ddp", (4 + 4 + k) * psi / mib},
                         {"zero1", (4 + 4 + k / n) * psi / mib},
                         {"zero2", (4 + (4 + k) / n) * psi / mib},
-                        {"zero3", (4 + 4 + k) / n * psi / mib}}},
+                        {"zero3", (4 + 4 + k) / n * psi / mib},
+                        // SHARD_GRAD_OP holds the same between steps; it differs in
+                        // the gathered units during forward and backward (peak RSS).
+                        {"zero3-grad-op", (4 + 4 + k) / n * psi / mib}}},
                       {"peak_rss_mib", v[3].item<double>()},
                       {"rss_before_model_mib", v[4].item<double>()}}
                      .dump()
@@ -198,11 +269,12 @@ int memory(const Args& a, cohort::comm::World& world) {
 int main(int argc, char** argv) {
   return cohort::elastic::record([&] {
     Args a;
-    CLI::App app("DDP against ZeRO-1 and ZeRO-2: memory per rank and step time");
+    CLI::App app("DDP against ZeRO-1, ZeRO-2 and ZeRO-3: memory per rank and step time");
     app.add_option("command", a.command, "memory or throughput")
         ->required()
         ->check(CLI::IsMember({"memory", "throughput"}));
-    app.add_option("--mode", a.mode, "ddp, zero1 or zero2")->check(CLI::IsMember({"ddp", "zero1", "zero2"}));
+    app.add_option("--mode", a.mode, "ddp, zero1, zero2, zero3 or zero3-grad-op")
+        ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "zero3-grad-op"}));
     app.add_option("--width", a.width, "features of each linear layer")->check(CLI::Range(1, 1 << 16));
     app.add_option("--layers", a.layers, "linear layers")->check(CLI::Range(1, 64));
     app.add_option("--steps", a.steps, "training steps (memory), or steps per timed repetition (throughput)")

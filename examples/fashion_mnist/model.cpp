@@ -36,19 +36,42 @@ void FashionNetImpl::use_channels_last() {
   channels_last_ = true;
 }
 
+namespace {
+// The layer registered as `name` becomes a unit under the same name.
+template <typename Impl>
+cohort::zero::FullyShard<Impl> unit(torch::nn::Module& net, const std::string& name,
+                                    const torch::nn::ModuleHolder<Impl>& layer) {
+  cohort::zero::FullyShard<Impl> u(layer);
+  net.replace_module(name, u.ptr());
+  return u;
+}
+}  // namespace
+
+void FashionNetImpl::use_fully_shard_units() {
+  conv1_unit_ = unit(*this, "conv1", conv1_);
+  conv2_unit_ = unit(*this, "conv2", conv2_);
+  fc1_unit_ = unit(*this, "fc1", fc1_);
+  fc2_unit_ = unit(*this, "fc2", fc2_);
+}
+
 // Note [Pool, then ReLU]: max pooling and ReLU commute exactly (both pick or clamp
 // values, neither rounds), and so do their gradients, so pooling first computes the
 // same network with ReLU and its backward on a quarter of the elements.
 torch::Tensor FashionNetImpl::forward(torch::Tensor x) {
   if (channels_last_) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
-  auto convolutions = [this](const cohort::recompute::TensorList& in) {
-    auto h = torch::relu(torch::max_pool2d(conv1_(in[0]), 2));
-    return cohort::recompute::TensorList{torch::relu(torch::max_pool2d(conv2_(h), 2))};
+  auto conv1 = [this](const torch::Tensor& x) { return conv1_unit_ ? conv1_unit_(x) : conv1_(x); };
+  auto conv2 = [this](const torch::Tensor& x) { return conv2_unit_ ? conv2_unit_(x) : conv2_(x); };
+  auto convolutions = [&](const cohort::recompute::TensorList& in) {
+    auto h = torch::relu(torch::max_pool2d(conv1(in[0]), 2));
+    return cohort::recompute::TensorList{torch::relu(torch::max_pool2d(conv2(h), 2))};
   };
-  x = recompute_ ? cohort::recompute::checkpoint(
-                       convolutions, {x}, cohort::recompute::CheckpointOptions().modules({conv1_.ptr(), conv2_.ptr()}))[0]
-                 : convolutions({x})[0];
-  return fc2_(torch::relu(fc1_(x.flatten(1))));
+  // A fully sharded unit's parameters exist only inside it, so under --zero 3 the
+  // segment is checkpointed without .modules() (docs/zero.md, Composing).
+  auto options = conv1_unit_ ? cohort::recompute::CheckpointOptions()
+                             : cohort::recompute::CheckpointOptions().modules({conv1_.ptr(), conv2_.ptr()});
+  x = recompute_ ? cohort::recompute::checkpoint(convolutions, {x}, options)[0] : convolutions({x})[0];
+  x = torch::relu(fc1_unit_ ? fc1_unit_(x.flatten(1)) : fc1_(x.flatten(1)));
+  return fc2_unit_ ? fc2_unit_(x) : fc2_(x);
 }
 
 }  // namespace fashion_mnist

@@ -11,6 +11,8 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include "cohort/zero/fully_shard.h"
+
 namespace fashion_mnist {
 
 class FashionNetImpl : public torch::nn::Cloneable<FashionNetImpl> {
@@ -31,10 +33,15 @@ class FashionNetImpl : public torch::nn::Cloneable<FashionNetImpl> {
   // Recomputes the two convolution blocks in backward instead of keeping their
   // activations (cohort::recompute, --activation-checkpointing).
   void use_activation_checkpointing() { recompute_ = true; }
+  // --zero 3: each layer becomes a cohort::zero::FullyShard unit, under the same
+  // name (fully_sharded.cpp wraps the whole network and calls fully_shard()).
+  void use_fully_shard_units();
 
  private:
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  cohort::zero::FullyShard<torch::nn::Conv2dImpl> conv1_unit_{nullptr}, conv2_unit_{nullptr};
+  cohort::zero::FullyShard<torch::nn::LinearImpl> fc1_unit_{nullptr}, fc2_unit_{nullptr};
   bool channels_last_ = false;
   bool recompute_ = false;
 };

@@ -2,18 +2,22 @@
 
 #include <torch/optim.h>
 
+#include "cohort/zero/fully_sharded_optimizer.h"
 #include "cohort/zero/sharded_optimizer.h"
 #include "cohort/zero/state_bytes.h"
 
 namespace fashion_mnist {
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, torch::nn::Module& model,
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, const Strategy& strategy,
                                                         cohort::comm::World& world) {
   cohort::zero::OptimizerFactory make = [o](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
     if (o.optimizer == "sgd")
       return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr).momentum(0.9));
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
   };
+  if (const auto* sharded = strategy.fully_sharded())
+    return std::make_unique<cohort::zero::FullyShardedOptimizer>(*sharded, make);
+  auto& model = const_cast<Strategy&>(strategy).model();
   if (o.zero == 0) return make(model.parameters());
   return std::make_unique<cohort::zero::ShardedOptimizer>(
       model.parameters(), world.group(), make, cohort::zero::ShardedOptimizerOptions().shard_gradients(o.zero == 2));
@@ -21,14 +25,19 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o,
 
 nlohmann::json memory_per_rank(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                                cohort::comm::World& world, c10::Device device) {
-  std::int64_t params = 0, grads = 0;
-  for (const auto& p : model.parameters()) {
-    params += static_cast<std::int64_t>(p.nbytes());
-    if (p.grad().defined()) grads += static_cast<std::int64_t>(p.grad().nbytes());
+  std::int64_t params = 0, grads = 0, state = 0;
+  if (const auto* fully = dynamic_cast<const cohort::zero::FullyShardedOptimizer*>(&optimizer)) {
+    params = fully->model().local_parameter_bytes();
+    grads = fully->model().local_gradient_bytes();
+    state = fully->local_state_bytes();
+  } else {
+    for (const auto& p : model.parameters()) {
+      params += static_cast<std::int64_t>(p.nbytes());
+      if (p.grad().defined()) grads += static_cast<std::int64_t>(p.grad().nbytes());
+    }
+    const auto* sharded = dynamic_cast<const cohort::zero::ShardedOptimizer*>(&optimizer);
+    state = sharded ? sharded->local_state_bytes() : cohort::zero::optimizer_state_bytes(optimizer);
   }
-  const auto* sharded = dynamic_cast<const cohort::zero::ShardedOptimizer*>(&optimizer);
-  const std::int64_t state =
-      sharded ? sharded->local_state_bytes() : cohort::zero::optimizer_state_bytes(optimizer);
   auto mine = torch::tensor({params, grads, state}, torch::dtype(torch::kInt64)).to(device);
   auto all = world.group().all_gather(mine);
   nlohmann::json out = nlohmann::json::array();

@@ -1,7 +1,8 @@
 #pragma once
 // The trainer's optimizer: Adam or SGD with momentum, whole on every rank, or
 // sharded over the ranks with --zero 1, and with its gradients too with --zero 2
-// (cohort::zero::ShardedOptimizer, docs/zero.md).
+// (cohort::zero::ShardedOptimizer, docs/zero.md), or over the shards of a fully
+// sharded model with --zero 3 (cohort::zero::FullyShardedOptimizer).
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -10,11 +11,12 @@
 
 #include "cohort/comm/world.h"
 #include "options.h"
+#include "strategy.h"
 
 namespace fashion_mnist {
 
 // Collective with --zero 1 or 2 (every rank builds it).
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, torch::nn::Module& model,
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, const Strategy& strategy,
                                                         cohort::comm::World& world);
 
 // Collective: each rank's bytes of parameters, gradients and optimizer state, for

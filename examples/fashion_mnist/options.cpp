@@ -44,8 +44,9 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
                "same final weights, also across a resume");
   app.add_option("--log-interval", o.log_interval_s, "Seconds between progress lines when not on a terminal")
       ->check(CLI::Range(0.0, 3600.0));
-  app.add_option("--memory-format", o.memory_format,
-                 "Layout of the convolutions: channels-last (NHWC, faster with oneDNN) or contiguous (NCHW)")
+  auto* memory_format = app.add_option("--memory-format", o.memory_format,
+                 "Layout of the convolutions: channels-last (NHWC, faster with oneDNN) or contiguous (NCHW); "
+                 "contiguous under --zero 3")
       ->check(CLI::IsMember({"channels-last", "contiguous"}));
   app.add_option("--straggler-every", o.straggler_every,
                  "Steps between straggler reports (each rank's median and p90 step time); 0: at the end only")
@@ -83,7 +84,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40));
   app.add_option("--zero", o.zero,
                  "ZeRO stage: 0, the whole optimizer on every rank; 1, its state sharded over the ranks; 2, "
-                 "its state and the gradients sharded (docs/zero.md)")
+                 "its state and the gradients sharded; 3, the parameters sharded too, gathered layer by layer "
+                 "(docs/zero.md)")
       ->check(CLI::Range(0, 3));
   try {
     app.parse(argc, argv);
@@ -122,15 +124,16 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   if (o.comm_hook != "allreduce" && (o.pipeline_stages > 1 || o.data_parallel_replicas > 1))
     refuse("--comm-hook applies to the DDP of plain data parallelism; it does not combine with --pipeline-stages "
            "or --data-parallel-replicas yet");
-  if (o.zero == 3)
-    refuse("--zero 3: parameter sharding (ZeRO-3, fully_shard) is not built yet; --zero 2 shards the gradients "
-           "and the optimizer's state (docs/zero.md)");
   if (o.zero >= 1 && (o.pipeline_stages > 1 || o.data_parallel_replicas > 1))
     refuse("--zero " + std::to_string(o.zero) + " shards the optimizer over the data-parallel ranks of plain "
            "data parallelism; it does not combine with --pipeline-stages or --data-parallel-replicas yet");
-  if (o.zero == 2 && o.comm_hook != "allreduce")
-    refuse("--zero 2 reduces each gradient to the rank that owns it, in place of DDP and its communication "
-           "hooks; --comm-hook " + comm_hook + " needs --zero 0 or 1");
+  if (o.zero >= 2 && o.comm_hook != "allreduce")
+    refuse("--zero " + std::to_string(o.zero) + " reduces the gradients itself, in place of DDP and its "
+           "communication hooks; --comm-hook " + comm_hook + " needs --zero 0 or 1");
+  if (o.zero == 3 && memory_format->count() == 0) o.memory_format = "contiguous";
+  if (o.zero == 3 && o.memory_format == "channels-last")
+    refuse("--zero 3 keeps every parameter in one flat, contiguous buffer per layer, so the convolutions' "
+           "channels-last weights would be lost; use --memory-format contiguous with --zero 3");
   if (o.amp == "fp16" && o.device == "cpu")
     refuse("--amp fp16 needs --device cuda (the CPU runs autocast in bfloat16); use --amp bf16 on the CPU");
   if (o.pipeline_stages > 1 && o.microbatches > o.batch_size)

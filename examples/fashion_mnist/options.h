@@ -37,7 +37,7 @@ struct TrainerOptions {
   std::string comm_hook = "allreduce";  // allreduce | fp16 | bf16 | powersgd (docs/ddp.md)
   std::int64_t powersgd_rank = 1;  // from --comm-hook powersgd:RANK
   std::int64_t powersgd_start = 100;  // --powersgd-start: plain steps before compression
-  int zero = 0;  // 0 | 1 | 2: the optimizer's state (and at 2 the gradients) sharded (docs/zero.md)
+  int zero = 0;  // 0 | 1 | 2 | 3: the optimizer's state sharded, at 2 the gradients, at 3 the parameters (docs/zero.md)
 };
 
 // Parses argv. Returns nullopt after printing help. On a bad flag, prints what is

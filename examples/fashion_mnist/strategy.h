@@ -4,6 +4,8 @@
 //   data_parallel.cpp   the whole model on every rank, under cohort's DDP
 //   sharded_gradients.cpp  the whole model on every rank, gradients reduced by the
 //                       ZeRO-2 optimizer instead of DDP (--zero 2)
+//   fully_sharded.cpp   every parameter sharded over the ranks, gathered layer by
+//                       layer (ZeRO-3, cohort::zero::fully_shard; --zero 3)
 //   pipeline_parallel.cpp  the model cut into stages (cohort::pipeline), DDP per stage
 //   replicas.cpp        one process, N replicas (cohort::dp::DataParallel)
 //   mixed_precision.cpp --amp, used by each of them
@@ -20,6 +22,7 @@
 #include "cohort/comm/world.h"
 #include "cohort/data/fashion_mnist.h"
 #include "cohort/trace/step_profiler.h"
+#include "cohort/zero/fully_shard.h"
 #include "evaluate.h"
 #include "mixed_precision.h"
 #include "options.h"
@@ -51,6 +54,13 @@ class Strategy {
   virtual std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer(const TrainerOptions& o) = 0;
   virtual std::optional<cohort::checkpoint::Restored> resume(cohort::checkpoint::Checkpointer& checkpointer,
                                                              torch::optim::Optimizer& optimizer) = 0;
+  // Collective: writes a checkpoint of model() and `optimizer`.
+  virtual void save(cohort::checkpoint::Checkpointer& checkpointer, torch::optim::Optimizer& optimizer,
+                    const cohort::checkpoint::TrainingProgress& progress, c10::Device device) {
+    checkpointer.save(model(), optimizer, progress, device);
+  }
+  // The sharded model under --zero 3 (its optimizer is built over the shards); null otherwise.
+  virtual const cohort::zero::FullyShardedModel* fully_sharded() const { return nullptr; }
   // Collective: the strategy's own state into a checkpoint (PowerSGD's), and back.
   virtual void save_state(cohort::checkpoint::TrainingProgress&) {}
   virtual void restore_state(const cohort::checkpoint::TrainingProgress&) {}
@@ -63,6 +73,8 @@ class Strategy {
 std::unique_ptr<Strategy> make_data_parallel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
 std::unique_ptr<Strategy> make_sharded_gradients(const TrainerOptions& o, cohort::comm::World& world,
                                                 c10::Device device);
+std::unique_ptr<Strategy> make_fully_sharded(const TrainerOptions& o, cohort::comm::World& world,
+                                             c10::Device device);
 std::unique_ptr<Strategy> make_replicas(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
 std::unique_ptr<Strategy> make_pipeline(const TrainerOptions& o, cohort::comm::World& world, c10::Device device);
 

@@ -87,8 +87,9 @@ int train(const TrainerOptions& o) {
   auto strategy = o.pipeline_stages > 1         ? make_pipeline(o, world, device)
                   : o.data_parallel_replicas > 1 ? make_replicas(o, world, device)
                   : o.zero == 2                  ? make_sharded_gradients(o, world, device)
+                  : o.zero == 3                  ? make_fully_sharded(o, world, device)
                                                  : make_data_parallel(o, world, device);
-  auto optimizer = make_optimizer(o, strategy->model(), world);
+  auto optimizer = make_optimizer(o, *strategy, world);
   MixedPrecision precision(o, device, world.group());
   // The data is sharded over the data-parallel replicas: every stage of one pipeline
   // reads the same batch (the first stage its images, the last its labels).
@@ -151,7 +152,7 @@ int train(const TrainerOptions& o) {
     precision.save(progress);
     strategy->save_state(progress);
     pause();
-    checkpointer->save(strategy->model(), *optimizer, progress, device);
+    strategy->save(*checkpointer, *optimizer, progress, device);
     resume();
   };
 

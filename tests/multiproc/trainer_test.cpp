@@ -372,6 +372,61 @@ TEST_P(TrainerZero, ChangesNoWeightShardsAndResumesAtAnotherWorldSize) {
 INSTANTIATE_TEST_SUITE_P(Stages, TrainerZero, ::testing::Values(1, 2),
                          [](const auto& info) { return "zero" + std::to_string(info.param); });
 
+// --zero 3 (docs/zero.md#zero-3-sharded-parameters): every layer a fully sharded
+// unit. Two ranks add two values, the same in either order, so the weights are
+// bitwise DDP's (with the contiguous layout --zero 3 uses). Each rank holds half of
+// the parameters and of the optimizer's state; the checkpoint holds the whole model
+// and state, as DDP's does, so it resumes at world 1 fully sharded, and under DDP.
+// With --activation-checkpointing the units are gathered again for the recompute.
+TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
+  TempDir dir("cohort-trainer");
+  const auto plain = dir.path + "/plain.pt", sharded = dir.path + "/sharded.pt";
+  const auto contiguous = with(kQuick, {"--memory-format", "contiguous", "--batch-size", "16"});
+  auto a = run_trainer(2, with(contiguous, {"--save-final", plain}));
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  auto b = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--save-final", sharded}));
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
+  EXPECT_NE(b.out.find("\"comm_hook\":\"zero3_reduce_scatter\""), std::string::npos) << b.out;
+  auto per_rank = [](const std::string& out, const std::string& name) {
+    std::vector<long long> bytes;
+    const std::string key = "\"" + name + "\":";
+    for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1))
+      bytes.push_back(std::stoll(out.substr(at + key.size())));
+    return bytes;
+  };
+  for (const std::string name : {"parameter_bytes", "optimizer_state_bytes", "gradient_bytes"}) {
+    const auto whole = per_rank(a.out, name), shards = per_rank(b.out, name);
+    ASSERT_EQ(whole.size(), 2u) << a.out;
+    ASSERT_EQ(shards.size(), 2u) << b.out;
+    // Each flat is padded to an even split: at most one element (4 bytes per
+    // tensor of state) more per layer.
+    EXPECT_GE(shards[0] + shards[1], whole[0]) << name;
+    EXPECT_LE(shards[0] + shards[1], whole[0] + 4 * 4 * 2) << name;
+    EXPECT_LE(shards[0], whole[0] / 2 + 4 * 4 * 2) << name;
+  }
+  const auto recomputed = dir.path + "/recomputed.pt";
+  auto c = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--activation-checkpointing",
+                                        "--save-final", recomputed}));
+  ASSERT_EQ(c.exit_code, 0) << describe(c);
+  EXPECT_TRUE(bitwise_equal(sharded, recomputed)) << "largest difference " << max_difference(sharded, recomputed);
+
+  // Stopped at step 5 by two ranks; resumed by one rank fully sharded, and by one
+  // rank under DDP, with twice the batch: both end near the uninterrupted run.
+  for (const std::string resume_zero : {"3", "0"}) {
+    const auto ckpt = dir.path + "/ckpt" + resume_zero;
+    auto first = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--checkpoint-dir", ckpt,
+                                              "--max-steps", "5"}));
+    ASSERT_EQ(first.exit_code, 0) << describe(first);
+    const auto resumed = dir.path + "/resumed" + resume_zero + ".pt";
+    auto second = run_trainer(1, with(kQuick, {"--batch-size", "32", "--zero", resume_zero, "--memory-format",
+                                               "contiguous", "--checkpoint-dir", ckpt, "--save-final", resumed}));
+    ASSERT_EQ(second.exit_code, 0) << describe(second);
+    EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000005"), std::string::npos) << second.out;
+    EXPECT_LT(max_difference(plain, resumed), kAcrossWorldSizes) << "resumed with --zero " << resume_zero;
+  }
+}
+
 // --comm-hook powersgd (docs/ddp.md#powersgd): before its start iteration bitwise
 // the plain all-reduce; after it, fewer elements sent and other weights; stopped and
 // resumed from a checkpoint (error memories, warm-start Qs, generator), bitwise the

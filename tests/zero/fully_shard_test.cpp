@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cohort/errors.h"
+#include "cohort/recompute/checkpoint.h"
 #include "cohort/zero/fully_shard.h"
 #include "cohort/zero/fully_sharded_optimizer.h"
 #include "cohort/compat/optimizer.h"
@@ -385,6 +386,76 @@ TEST(FullyShard, OptimizerStateSavesWholeAndLoadsAtAnotherWorldSize) {
     }
     expect_close(sharded, *pair.sharded, *pair.reference, 1e-5, "resumed at world 3");
   });
+}
+
+// Two layers recomputed in backward (cohort::recompute::checkpoint), as units of a
+// fully sharded model or plain.
+struct SegmentNetImpl : torch::nn::Module {
+  SegmentNetImpl(bool units, bool with_modules) : with_modules_(with_modules) {
+    torch::nn::Linear a(kHidden, kHidden), b(kHidden, 3);
+    if (units) {
+      ua = register_module("a", FullyShard<torch::nn::LinearImpl>(a));
+      ub = register_module("b", FullyShard<torch::nn::LinearImpl>(b));
+    } else {
+      pa = register_module("a", a);
+      pb = register_module("b", b);
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto segment = [this](const cohort::recompute::TensorList& in) {
+      auto h = torch::tanh(ua ? ua(in[0]) : pa(in[0]));
+      return cohort::recompute::TensorList{ub ? ub(h) : pb(h)};
+    };
+    auto options = cohort::recompute::CheckpointOptions();
+    if (with_modules_) options.modules({ua ? ua->module() : pa.ptr()});
+    return cohort::recompute::checkpoint(segment, {x}, options)[0];
+  }
+  bool with_modules_;
+  FullyShard<torch::nn::LinearImpl> ua{nullptr}, ub{nullptr};
+  torch::nn::Linear pa{nullptr}, pb{nullptr};
+};
+
+// Without .modules() the recomputation gathers the units again and ends where the
+// unsharded model does; .modules() naming a unit's layer, whose parameters are
+// empty outside the unit, is refused.
+TEST(FullyShard, CheckpointedUnitsRecomputeAndModulesOfAUnitAreRefused) {
+  const auto batch = data(8, 21);
+  for (bool with_modules : {false, true}) {
+    cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+      std::shared_ptr<SegmentNetImpl> reference;
+      FullyShard<SegmentNetImpl> net{nullptr};
+      {
+        static std::mutex seeding;
+        std::lock_guard<std::mutex> lock(seeding);
+        torch::manual_seed(5);
+        net = FullyShard<SegmentNetImpl>(std::make_shared<SegmentNetImpl>(true, with_modules));
+        torch::manual_seed(5);
+        reference = std::make_shared<SegmentNetImpl>(false, false);
+      }
+      auto sharded = cohort::zero::fully_shard(net, world.group());
+      const auto mine = slice(batch, world.rank(), 2);
+      if (with_modules) {
+        try {
+          net(mine.x);
+          ADD_FAILURE() << "accepted";
+        } catch (const cohort::ConfigError& e) {
+          EXPECT_NE(std::string(e.what()).find("fully_shard"), std::string::npos) << e.what();
+        }
+        return;
+      }
+      torch::optim::SGD opt(sharded.parameters(), torch::optim::SGDOptions(0.1));
+      torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+      for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        loss(net(mine.x), mine.y).backward();
+        opt.step();
+        ref_opt.zero_grad();
+        loss(reference->forward(batch.x), batch.y).backward();
+        ref_opt.step();
+      }
+      expect_close(sharded, *net, *reference, 1e-6, "recomputed");
+    });
+  }
 }
 
 TEST(FullyShard, BFloat16ReductionsOverGlooAreRefusedWithTheFix) {

@@ -181,7 +181,17 @@ bool any_requires_grad(const TensorList& tensors) {
 TensorList checkpoint(SegmentFn fn, const TensorList& inputs, CheckpointOptions options) {
   TensorList all = inputs;
   for (const auto& m : options.modules())
-    for (const auto& p : m->parameters()) all.push_back(p);
+    for (const auto& p : m->named_parameters()) {
+      // A fully sharded unit's parameters are empty outside it (Note [Freeing in
+      // place] in zero/flat_parameter.h); as inputs here they would fix that shape.
+      if (p.value().defined() && p.value().requires_grad() && p.value().numel() == 0)
+        throw ConfigError(fmt::format(
+            "cohort checkpoint: parameter '{}' of a module given to .modules() is empty. Under "
+            "cohort::zero::fully_shard a unit's parameters exist only while the unit runs: checkpoint a segment "
+            "made of fully sharded units without .modules(), or checkpoint inside the unit's own forward",
+            p.key()));
+      all.push_back(p.value());
+    }
   if (!at::GradMode::is_enabled() || !any_requires_grad(all)) return fn(inputs);
   auto segment = c10::make_intrusive<Segment>();
   segment->fn = std::move(fn);

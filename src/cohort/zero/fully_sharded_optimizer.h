@@ -61,6 +61,7 @@ class FullyShardedOptimizer : public torch::optim::Optimizer, public checkpoint:
   void load(torch::serialize::InputArchive& archive) override;
 
   torch::optim::Optimizer& wrapped() { return *local_; }
+  const FullyShardedModel& model() const { return model_; }
   std::int64_t local_state_bytes() const;
 
  private:

@@ -127,7 +127,7 @@ void ShardSchedule::reshard_all(const char* why) {
 void ShardSchedule::pre_forward(std::size_t unit) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   drop_abandoned_backward();
-  if (!armed_) {
+  if (!armed_ && at::GradMode::is_enabled()) {  // training forwards only: evaluation has no backward
     if (unit == 0) forward_order_.clear();
     forward_order_.push_back(unit);
   }
