@@ -45,11 +45,12 @@ test: build
 # errors, and runs the suite on this machine's CPU (docs/gpu_without_a_gpu.md).
 TORCH2_FLAVOR ?= cpu
 TORCH2_FLAGS  ?=
+TORCH2_TEST_ENV ?=
 TORCH2_BUILD   = $(if $(filter cuda,$(TORCH2_FLAVOR)),build-torch2-cuda,build-torch2)
 test-torch2:
 	COHORT_TORCH2_FLAVOR=$(TORCH2_FLAVOR) scripts/torch2-chroot 'cmake -S . -B $(TORCH2_BUILD) \
 	  -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(TORCH2_FLAGS) && \
-	  cmake --build $(TORCH2_BUILD) -j $(JOBS) && scripts/run-tests $(TORCH2_BUILD)'
+	  cmake --build $(TORCH2_BUILD) -j $(JOBS) && $(TORCH2_TEST_ENV) scripts/run-tests $(TORCH2_BUILD)'
 
 test-torch2-cuda:
 	$(MAKE) test-torch2 TORCH2_FLAVOR=cuda
