@@ -19,7 +19,7 @@ for world in 2 4; do
   done
 done
 for threshold in "" 65536; do
-  for mode in ddp zero1 zero2; do
+  for mode in ddp zero1 zero2 zero3 zero3-grad-op; do
     env ${threshold:+MALLOC_MMAP_THRESHOLD_=$threshold} "$build/tools/cohort/cohort" run --nproc-per-node 4 \
       --local-ranks-filter 0 "$build/benchmarks/zero_bench" memory --mode "$mode" --bucket-mib 4 |
       sed "s/^\[rank0\]: {/{\"malloc_mmap_threshold\":\"${threshold:-default}\",/"

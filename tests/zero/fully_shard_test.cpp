@@ -231,6 +231,19 @@ TEST(FullyShard, NoSyncAccumulatesAndPrefetchChangesNothing) {
   for (std::size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(torch::equal(results[0][i], results[1][i]));
 }
 
+// As DDP does: every rank starts from rank 0's weights, whatever it built.
+TEST(FullyShard, EveryRankStartsFromRankZerosWeights) {
+  cohort::testing::run_thread_world(3, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    if (world.rank() != 0) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : pair.sharded->parameters()) p.add_(world.rank());
+    }
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    expect_close(sharded, *pair.sharded, *pair.reference, 0, "rank 0's weights");
+  });
+}
+
 TEST(FullyShard, FullParametersReadAndWriteTheWholeModel) {
   cohort::testing::run_thread_world(3, [&](cohort::comm::World& world) {
     auto pair = make_pair();

@@ -35,6 +35,9 @@ FlatParameter::FlatParameter(std::vector<at::Tensor> params, std::vector<std::st
   auto flat = at::zeros({chunk_ * world_}, first.options().dtype(dtype));
   for (std::size_t i = 0; i < params_.size(); ++i)
     flat.narrow(0, offsets_[i], params_[i].numel()).copy_(params_[i].reshape({-1}));
+  // Rank 0's values, as DDP starts from; one flat at a time, so that setting up
+  // holds the model and one flat, not the model twice.
+  group_.broadcast(flat, 0);
   shard_ = flat.narrow(0, rank_ * chunk_, chunk_).clone();
   shard_.set_requires_grad(first.requires_grad());
   full_ = at::empty({chunk_ * world_}, first.options().dtype(compute_dtype_));

@@ -49,8 +49,9 @@ namespace cohort::zero {
 
 class FlatParameter {
  public:
-  // `params`: distinct tensors of one dtype and device, all requiring grad or none,
-  // equal on every rank. Copies this rank's chunk into shard() and frees the rest.
+  // Collective. `params`: distinct tensors of one dtype and device, all requiring
+  // grad or none. Copies this rank's chunk of rank 0's values into shard() and frees
+  // the rest.
   // param_dtype: the dtype the parameters are gathered in for compute (floating
   // point only; ignored otherwise).
   FlatParameter(std::vector<at::Tensor> params, std::vector<std::string> names, comm::Group group,

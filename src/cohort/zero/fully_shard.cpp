@@ -141,10 +141,9 @@ FullyShardedModel fully_shard(const std::shared_ptr<ShardedUnitBase>& root, comm
       throw ConfigError(fmt::format("cohort fully_shard: parameter '{}' is on {} but '{}' is on {}; move the whole "
                                     "model to one device before fully_shard()",
                                     names[i], tensors[i].device().str(), names[0], tensors[0].device().str()));
-  {
+  if (!found.buffers.empty()) {
     at::NoGradGuard no_grad;
-    ddp::broadcast_coalesced(group, tensors, 0);
-    if (!found.buffers.empty()) ddp::broadcast_coalesced(group, found.buffers, 0);
+    ddp::broadcast_coalesced(group, found.buffers, 0);  // the parameters travel flat by flat
   }
 
   auto schedule = std::make_shared<ShardSchedule>(group, options);
