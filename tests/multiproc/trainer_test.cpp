@@ -294,6 +294,17 @@ TEST(Trainer, ActivationCheckpointingChangesNoWeight) {
   EXPECT_TRUE(bitwise_equal(plain, recomputed)) << "largest difference " << max_difference(plain, recomputed);
 }
 
+namespace {
+// The values of `"name":` in the trainer's final JSON line, one per rank.
+std::vector<long long> per_rank(const std::string& out, const std::string& name) {
+  std::vector<long long> bytes;
+  const std::string key = "\"" + name + "\":";
+  for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1))
+    bytes.push_back(std::stoll(out.substr(at + key.size())));
+  return bytes;
+}
+}  // namespace
+
 // --zero 1 and 2 (docs/zero.md): the optimizer's state (and at stage 2 the
 // gradients, reduced to their owners without DDP) sharded over the ranks changes no
 // weight: two ranks add two values, the same in either order, so stage 2 is bitwise
@@ -317,13 +328,6 @@ TEST_P(TrainerZero, ChangesNoWeightShardsAndResumesAtAnotherWorldSize) {
   ASSERT_EQ(b.exit_code, 0) << describe(b);
   EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
   // Per rank: the whole of it without ZeRO; with it, two shards that add up to it.
-  auto per_rank = [](const std::string& out, const std::string& name) {
-    std::vector<long long> bytes;
-    const std::string key = "\"" + name + "\":";
-    for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1))
-      bytes.push_back(std::stoll(out.substr(at + key.size())));
-    return bytes;
-  };
   std::vector<std::string> sharded_kinds = {"optimizer_state_bytes"};
   if (stage == "2") sharded_kinds.push_back("gradient_bytes");
   for (const auto& name : sharded_kinds) {
@@ -388,13 +392,6 @@ TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
   ASSERT_EQ(b.exit_code, 0) << describe(b);
   EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
   EXPECT_NE(b.out.find("\"comm_hook\":\"zero3_reduce_scatter\""), std::string::npos) << b.out;
-  auto per_rank = [](const std::string& out, const std::string& name) {
-    std::vector<long long> bytes;
-    const std::string key = "\"" + name + "\":";
-    for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1))
-      bytes.push_back(std::stoll(out.substr(at + key.size())));
-    return bytes;
-  };
   for (const std::string name : {"parameter_bytes", "optimizer_state_bytes", "gradient_bytes"}) {
     const auto whole = per_rank(a.out, name), shards = per_rank(b.out, name);
     ASSERT_EQ(whole.size(), 2u) << a.out;

@@ -15,6 +15,7 @@
 #include "cohort/zero/fully_sharded_optimizer.h"
 #include "cohort/compat/optimizer.h"
 #include "cohort/zero/state_bytes.h"
+#include "support/temp_dir.h"
 #include "support/thread_world.h"
 
 namespace {
@@ -469,6 +470,137 @@ TEST(FullyShard, CheckpointedUnitsRecomputeAndModulesOfAUnitAreRefused) {
       expect_close(sharded, *net, *reference, 1e-6, "recomputed");
     });
   }
+}
+
+// Three units; `c` runs only in training, and `a` returns its learned offset as is
+// (a view of its own parameter, as a positional embedding is) added to its input.
+struct TrainOnlyImpl : torch::nn::Module {
+  struct OffsetImpl : torch::nn::Module {
+    OffsetImpl() { offset = register_parameter("offset", torch::randn({kHidden}) * 0.1); }
+    torch::Tensor forward(const torch::Tensor& x) { return offset.unsqueeze(0).expand({x.size(0), kHidden}); }
+    torch::Tensor offset;
+  };
+  explicit TrainOnlyImpl(bool units) {
+    auto offset = std::make_shared<OffsetImpl>();
+    torch::nn::Linear b(kHidden, kHidden), c(kHidden, 3);
+    if (units) {
+      ua = register_module("a", FullyShard<OffsetImpl>(offset));
+      ub = register_module("b", FullyShard<torch::nn::LinearImpl>(b));
+      uc = register_module("c", FullyShard<torch::nn::LinearImpl>(c));
+    } else {
+      pa = register_module("a", offset);
+      pb = register_module("b", b);
+      pc = register_module("c", c);
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::tanh(x + (ua ? ua(x) : pa->forward(x)));
+    if (is_training()) h = torch::tanh(ub ? ub(h) : pb(h));
+    return uc ? uc(h) : pc(h);
+  }
+  FullyShard<OffsetImpl> ua{nullptr};
+  FullyShard<torch::nn::LinearImpl> ub{nullptr}, uc{nullptr};
+  std::shared_ptr<OffsetImpl> pa;
+  torch::nn::Linear pb{nullptr}, pc{nullptr};
+};
+
+// Found by review: an evaluation forward between steps left `b` (which runs only
+// in training) prefetched before the optimizer's step, and the next step computed
+// with its old values; a unit's output that viewed its own freed parameter read
+// freed memory; a no_sync sum survived zero_grad().
+TEST(FullyShard, PrefetchesAcrossAStepViewsOfParametersAndClearedNoSyncSumsAreRight) {
+  const auto batch = data(12, 17);
+  for (bool plain_optimizer : {false, true})
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    FullyShard<TrainOnlyImpl> net{nullptr};
+    std::shared_ptr<TrainOnlyImpl> reference;
+    {
+      static std::mutex seeding;
+      std::lock_guard<std::mutex> lock(seeding);
+      torch::manual_seed(8);
+      net = FullyShard<TrainOnlyImpl>(std::make_shared<TrainOnlyImpl>(true));
+      torch::manual_seed(8);
+      reference = std::make_shared<TrainOnlyImpl>(false);
+    }
+    auto sharded = cohort::zero::fully_shard(net, world.group());
+    // FullyShardedOptimizer marks what is gathered stale when it steps; under a
+    // plain optimizer the outermost unit's next forward does (Note [Fresh gathers]).
+    cohort::zero::OptimizerFactory sgd = [](std::vector<torch::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.2));
+    };
+    std::unique_ptr<torch::optim::Optimizer> optimizer =
+        plain_optimizer ? sgd(sharded.parameters()) : std::make_unique<cohort::zero::FullyShardedOptimizer>(sharded, sgd);
+    auto& opt = *optimizer;
+    torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.2));
+    const auto mine = slice(batch, world.rank(), 2);
+    for (int step = 0; step < 4; ++step) {
+      if (step == 0) {  // a micro-batch then thrown away
+        auto guard = sharded.no_sync();
+        loss(net(mine.x * 3), mine.y).backward();
+      }
+      opt.zero_grad();
+      loss(net(mine.x), mine.y).backward();
+      {
+        net->eval();
+        torch::NoGradGuard no_grad;
+        net(mine.x);  // prefetches `b`, which this forward does not run
+        net->train();
+      }
+      opt.step();
+      ref_opt.zero_grad();
+      loss(reference->forward(batch.x), batch.y).backward();
+      ref_opt.step();
+    }
+    expect_close(sharded, *net, *reference, 1e-6, plain_optimizer ? "plain optimizer" : "FullyShardedOptimizer");
+  });
+}
+
+// torch::load gives each parameter new storage (set_); inside
+// full_parameters(write_back) that still reaches the shards.
+TEST(FullyShard, TorchLoadInsideFullParametersReachesTheShards) {
+  cohort::testing::TempDir dir;
+  const auto file = dir.path + "/model.pt";
+  {
+    auto pair = make_pair();
+    torch::NoGradGuard no_grad;
+    for (auto& p : pair.reference->parameters()) p.mul_(-2);
+    torch::save(pair.reference, file);
+  }
+  const auto d = data(4, 3);
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : pair.reference->parameters()) p.mul_(-2);
+    }
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    {
+      auto full = sharded.full_parameters(/*write_back=*/true);
+      torch::load(pair.sharded, file);
+    }
+    EXPECT_TRUE(torch::allclose(pair.sharded(d.x), pair.reference->forward(d.x)));
+  });
+}
+
+TEST(FullyShard, ShardingTwiceAndParamDtypeOverFloatBuffersAreRefused) {
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    try {
+      cohort::zero::fully_shard(pair.sharded, world.group());
+      ADD_FAILURE() << "sharded twice";
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("already fully sharded"), std::string::npos) << e.what();
+    }
+    FullyShard<torch::nn::BatchNorm1dImpl> norm(torch::nn::BatchNorm1d(4));
+    try {
+      cohort::zero::fully_shard(norm, world.group(),
+                                FullyShardOptions().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat32));
+      ADD_FAILURE() << "param_dtype over BatchNorm's statistics";
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("autocast"), std::string::npos) << e.what();
+    }
+  });
 }
 
 TEST(FullyShard, BFloat16ReductionsOverGlooAreRefusedWithTheFix) {

@@ -5,7 +5,11 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+
+#include "cohort/errors.h"
 
 namespace cohort::zero {
 namespace {
@@ -97,8 +101,10 @@ std::int64_t FlatParameter::numel(std::size_t i) const {
 }
 
 bool FlatParameter::gathered() const {
-  return allocated_ && !in_flight_ && gathered_version_ == shard_._version();
+  return allocated_ && !in_flight_ && gathered_version_ == shard_._version() && gathered_epoch_ == epoch_;
 }
+
+void FlatParameter::invalidate() { ++epoch_; }
 
 void FlatParameter::start_gather() {
   if (in_flight_ || gathered()) return;
@@ -110,6 +116,7 @@ void FlatParameter::start_gather() {
   std::vector<at::Tensor> parts;
   for (int r = 0; r < world_; ++r) parts.push_back(bits(full_.narrow(0, r * chunk_, chunk_)));
   gathered_version_ = shard_._version();
+  gathered_epoch_ = epoch_;
   pending_ = group_.all_gather_into_async(send_, std::move(parts));
   in_flight_ = true;
 }
@@ -117,12 +124,21 @@ void FlatParameter::start_gather() {
 void FlatParameter::finish_gather() {
   start_gather();
   if (!in_flight_) return;
+  const auto started = gathered_version_;
   in_flight_ = false;  // a failed wait leaves the buffer unfilled: gather again next time
   gathered_version_ = -1;
   pending_.wait();
-  gathered_version_ = shard_._version();
   send_ = at::Tensor();
+  gathered_version_ = started;
   bind(full_);
+  // A prefetch started before an optimizer step holds the old values: gather again
+  // (every rank stepped, so every rank does).
+  if (!gathered()) finish_gather();
+}
+
+bool FlatParameter::holds(const at::Tensor& t) const {
+  return t.defined() && t.has_storage() &&
+         t.storage().unsafeGetStorageImpl() == full_.storage().unsafeGetStorageImpl();
 }
 
 void FlatParameter::reshard() {
@@ -156,7 +172,24 @@ void FlatParameter::release_state(bool write_back) {
   if (!state_full_.defined()) return;
   if (write_back) {
     at::NoGradGuard no_grad;
+    // A parameter given new storage meanwhile (torch::load's set_(), a
+    // set_data()) is copied back from wherever it points now.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      if (p.storage().unsafeGetStorageImpl() == state_full_.storage().unsafeGetStorageImpl() &&
+          p.storage_offset() == offsets_[i])
+        continue;
+      if (p.numel() != numel(i)) {
+        unbind();
+        state_full_ = at::Tensor();
+        throw ConfigError(fmt::format("cohort fully_shard: parameter '{}' was given {} elements inside "
+                                      "full_parameters(), but it has {}; load a state of the same model",
+                                      names_[i], p.numel(), numel(i)));
+      }
+      state_full_.narrow(0, offsets_[i], numel(i)).copy_(p.reshape({-1}));
+    }
     shard_.copy_(state_full_.narrow(0, rank_ * chunk_, chunk_));
+    invalidate();
   }
   unbind();
   state_full_ = at::Tensor();

@@ -29,8 +29,12 @@
 // not freed memory. Gathering gives it back its sizes before autograd unpacks it.
 //
 // A gathered buffer is stale once the shard changes (an optimizer step, a loaded
-// checkpoint): each gather records the shard's version counter, and gathered()
-// is false again when it moved.
+// checkpoint). LibTorch 1.13's optimizers update p.data(), which has a version
+// counter of its own, so the shard's counter does not see a step: the schedule
+// invalidates every flat when FullyShardedOptimizer steps and whenever the outermost
+// unit starts a forward (Note [Fresh gathers] in zero/shard_schedule.h). Each gather
+// also records the shard's version counter, for writes that do move it (copy_ into
+// the shard).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -79,16 +83,21 @@ class FlatParameter {
   void start_gather();
   void finish_gather();
   bool gathered() const;
+  // Marks what is gathered, or in flight, as stale: the next use gathers again.
+  void invalidate();
   bool gathering() const { return in_flight_; }
   // Frees the full buffer (Note [Freeing in place]); waits for a gather in flight.
   void reshard();
+  // Whether `t` shares the full buffer's storage (a view of a gathered parameter).
+  bool holds(const at::Tensor& t) const;
   // Bytes of the full buffer while it is allocated, else 0.
   std::int64_t gathered_bytes() const;
 
   // For state dicts (FullyShardedModel::FullParameters): gathers in the shard's own
   // dtype into a buffer of its own and binds the parameters there. release_state()
-  // copies this rank's chunk back into the shard when `write_back`, and binds the
-  // parameters to the compute buffer again, freed.
+  // copies this rank's chunk back into the shard when `write_back` (from each
+  // parameter, even one given new storage meanwhile, as torch::load's set_() does),
+  // and leaves the parameters empty again.
   void gather_state();
   void release_state(bool write_back);
 
@@ -115,6 +124,8 @@ class FlatParameter {
   bool in_flight_ = false;
   comm::Pending pending_;
   std::int64_t gathered_version_ = -1;  // the shard's version when full_ was filled
+  std::int64_t epoch_ = 0;               // bumped by invalidate()
+  std::int64_t gathered_epoch_ = -1;     // epoch_ when full_ was filled
   at::Tensor state_full_;   // gather_state()'s buffer, in the shard's dtype
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
 };

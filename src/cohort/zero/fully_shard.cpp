@@ -96,7 +96,6 @@ FullyShardedModel fully_shard(const std::shared_ptr<ShardedUnitBase>& root, comm
   found.names.push_back("");
   found.parent.push_back(-1);
   walk(root, "", 0, found);
-
   // Each parameter (by identity) to the innermost unit holding all its registrations.
   std::unordered_map<const void*, std::size_t> index;
   std::vector<at::Tensor> tensors;
@@ -131,6 +130,22 @@ FullyShardedModel fully_shard(const std::shared_ptr<ShardedUnitBase>& root, comm
                           "build the same model, with the same FullyShard units, and pass the same "
                           "FullyShardOptions on every rank"});
   }
+  for (std::size_t u = 0; u < found.units.size(); ++u)
+    if (found.units[u]->attached())
+      throw ConfigError(fmt::format("cohort fully_shard: unit '{}' is already fully sharded; call fully_shard() once, "
+                                    "on the outermost unit, and keep the FullyShardedModel it returns",
+                                    found.names[u]));
+  if (options.param_dtype())
+    for (const auto& b : found.buffers)
+      if (b.is_floating_point() && b.scalar_type() != *options.param_dtype())
+        throw ConfigError(fmt::format(
+            "cohort fully_shard: param_dtype({}) casts the parameters but not the buffers, and the model has a "
+            "floating-point buffer of shape {} ({}; BatchNorm's running statistics, say), which its layer would "
+            "then mix with {} parameters; compute in lower precision with autocast (cohort::amp, --amp bf16) "
+            "instead of param_dtype",
+            c10::toString(*options.param_dtype()), c10::str(b.sizes()), c10::toString(b.scalar_type()),
+            c10::toString(*options.param_dtype())));
+
   const auto reduce = options.reduce_dtype() ? options.reduce_dtype() : options.param_dtype();
   if (reduce && *reduce == at::kBFloat16 && group.backend_name() == "gloo")
     throw ConfigError("cohort fully_shard: Gloo cannot reduce bfloat16 gradients (LibTorch 1.13's Gloo has no "

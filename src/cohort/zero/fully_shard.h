@@ -55,6 +55,7 @@ class ShardedUnitBase : public torch::nn::Module {
   const std::shared_ptr<torch::nn::Module>& wrapped() const { return inner_; }
   // By fully_shard().
   void attach(std::shared_ptr<ShardSchedule> schedule, std::size_t index);
+  bool attached() const { return schedule_ != nullptr; }
 
  protected:
   explicit ShardedUnitBase(std::shared_ptr<torch::nn::Module> inner);
@@ -66,9 +67,14 @@ class ShardedUnitBase : public torch::nn::Module {
     schedule_->pre_forward(index_);
     auto out = body();
     using Out = std::decay_t<decltype(out)>;
+    // An output that is a view of the unit's own parameter (a learned embedding
+    // returned as is) would read freed memory once the unit is freed: a copy.
     if constexpr (std::is_same_v<Out, at::Tensor>) {
+      if (schedule_->aliases(index_, out)) out = out.clone();
       schedule_->post_forward(index_, {out}, false);
     } else if constexpr (std::is_same_v<Out, std::vector<at::Tensor>>) {
+      for (auto& t : out)
+        if (schedule_->aliases(index_, t)) t = t.clone();
       schedule_->post_forward(index_, out, false);
     } else {
       schedule_->post_forward(index_, {}, true);

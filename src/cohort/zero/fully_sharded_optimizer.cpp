@@ -93,7 +93,9 @@ FullyShardedOptimizer::FullyShardedOptimizer(FullyShardedModel model, OptimizerF
 
 at::Tensor FullyShardedOptimizer::step(LossClosure closure) {
   local_->param_groups()[0].set_options(param_groups()[0].options().clone());
-  return local_->step(std::move(closure));
+  auto loss = local_->step(std::move(closure));
+  model_.schedule().invalidate_all();  // Note [Fresh gathers]
+  return loss;
 }
 
 std::vector<at::Tensor> FullyShardedOptimizer::stand_ins() const {
@@ -226,6 +228,7 @@ void FullyShardedOptimizer::load(torch::serialize::InputArchive& archive) {
   }
   fresh->param_groups()[0].set_options(param_groups()[0].options().clone());
   local_ = std::move(fresh);
+  model_.schedule().invalidate_all();
 }
 
 std::int64_t FullyShardedOptimizer::local_state_bytes() const { return optimizer_state_bytes(*local_); }

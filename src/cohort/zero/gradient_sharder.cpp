@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "cohort/errors.h"
+#include "cohort/zero/pre_hooks.h"
 
 namespace cohort::zero {
 namespace {
@@ -93,12 +94,7 @@ GradientSharder::GradientSharder(std::vector<at::Tensor> params, std::vector<int
 }
 
 GradientSharder::~GradientSharder() {
-  for (std::size_t k = 0; k < accumulators_.size(); ++k) {
-    auto& hooks = accumulators_[k]->pre_hooks();
-    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
-                               [&](const auto& h) { return static_cast<const void*>(h.get()) == hook_keys_[k]; }),
-                hooks.end());
-  }
+  for (std::size_t k = 0; k < accumulators_.size(); ++k) remove_pre_hook(*accumulators_[k], hook_keys_[k]);
 }
 
 void GradientSharder::set_sync(bool sync) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "cohort/errors.h"
+#include "cohort/zero/pre_hooks.h"
 
 namespace cohort::zero {
 namespace {
@@ -39,12 +40,7 @@ ShardSchedule::ShardSchedule(comm::Group group, FullyShardOptions options)
 }
 
 ShardSchedule::~ShardSchedule() {
-  for (std::size_t k = 0; k < accumulators_.size(); ++k) {
-    auto& hooks = accumulators_[k]->pre_hooks();
-    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
-                               [&](const auto& h) { return static_cast<const void*>(h.get()) == hook_keys_[k]; }),
-                hooks.end());
-  }
+  for (std::size_t k = 0; k < accumulators_.size(); ++k) remove_pre_hook(*accumulators_[k], hook_keys_[k]);
 }
 
 void ShardSchedule::add_unit(std::string name, std::vector<std::unique_ptr<FlatParameter>> flats) {
@@ -124,9 +120,17 @@ void ShardSchedule::reshard_all(const char* why) {
   for (std::size_t u = 0; u < units_.size(); ++u) reshard(u, true);
 }
 
+void ShardSchedule::invalidate_all() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  for (auto& f : flats_) f->invalidate();
+}
+
 void ShardSchedule::pre_forward(std::size_t unit) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   drop_abandoned_backward();
+  // Note [Fresh gathers]: nothing from before this forward (and a step) is reused.
+  if (unit == 0 && !armed_)
+    for (std::size_t u = 0; u < units_.size(); ++u) reshard(u, true);
   if (!armed_ && at::GradMode::is_enabled()) {  // training forwards only: evaluation has no backward
     if (unit == 0) forward_order_.clear();
     forward_order_.push_back(unit);
@@ -149,6 +153,11 @@ void ShardSchedule::post_forward(std::size_t unit, const std::vector<at::Tensor>
     }
   }
   if (opaque && at::GradMode::is_enabled()) return;  // Note [ZeRO-3 schedule], 1
+  if (unit == 0 && !hooked && !armed_) {
+    // Note [Fresh gathers]: no backward follows; a prefetch left in flight goes too.
+    for (std::size_t u = 0; u < units_.size(); ++u) reshard(u, true);
+    return;
+  }
   if (!hooked || (unit != 0 && options_.reshard_after_forward())) reshard(unit, true);
 }
 
@@ -193,7 +202,15 @@ at::Tensor ShardSchedule::take(std::size_t f, std::size_t i, const at::Tensor& g
   const auto n = flat.params()[i].numel();
   if (grad.defined()) {
     if (!sync_) {
-      if (!g.local.defined()) g.local = at::zeros({flat.padded_numel()}, grad.options());
+      drop_cleared_local(f);
+      if (!g.local.defined()) {
+        g.local = at::zeros({flat.padded_numel()}, grad.options());
+        auto shard = flat.shard();
+        auto& sg = shard.mutable_grad();
+        if (!sg.defined()) sg = at::zeros_like(shard);
+        g.grad_impl = sg.unsafeGetTensorImpl();
+        g.grad_version = sg._version();
+      }
       g.local.narrow(0, flat.offset(i), n).add_(grad.reshape({-1}));
     } else {
       if (!g.flat.defined())
@@ -230,6 +247,7 @@ void ShardSchedule::launch(std::size_t f) {
   const auto& flat = *flats_[f];
   at::NoGradGuard no_grad;
   if (!g.flat.defined()) g.flat = at::zeros({flat.padded_numel()}, flat.shard().options().dtype(reduce_dtype(flat)));
+  drop_cleared_local(f);
   if (g.local.defined()) {
     g.flat.add_(g.local);
     g.local = at::Tensor();
@@ -242,6 +260,21 @@ void ShardSchedule::launch(std::size_t f) {
   job.output = at::empty({flat.chunk_numel()}, job.input.options());
   job.pending = group_.reduce_scatter_async(job.input, job.output);
   in_flight_.push_back(std::move(job));
+}
+
+// Note [no_sync and zero_grad]
+void ShardSchedule::drop_cleared_local(std::size_t f) {
+  auto& g = grads_[f];
+  if (!g.local.defined()) return;
+  const auto& sg = flats_[f]->shard().grad();
+  if (sg.defined() && sg.unsafeGetTensorImpl() == g.grad_impl && sg._version() == g.grad_version) return;
+  g.local = at::Tensor();
+}
+
+bool ShardSchedule::aliases(std::size_t unit, const at::Tensor& t) const {
+  for (auto f : units_[unit].flats)
+    if (flats_[f]->holds(t)) return true;
+  return false;
 }
 
 void ShardSchedule::land(InFlight& job) {

@@ -32,6 +32,24 @@
 //
 // Under no_sync(), each flat's gradients are summed locally at full size instead,
 // and the next synchronised backward adds that sum before it divides and reduces.
+//
+// Note [Fresh gathers]
+// A unit must never compute with values from before an optimizer step. After a
+// backward nothing is gathered (4 above), but a forward without backward (an
+// evaluation) may leave a prefetch in flight, and a unit that returns no tensor
+// stays gathered. So: FullyShardedOptimizer::step() invalidates every flat; the
+// outermost unit's forward, outside a backward, starts by freeing every unit (any
+// plain optimizer steps between forwards); and the outermost unit's forward without
+// grad ends by freeing every unit.
+//
+// Note [no_sync and zero_grad]
+// That local sum stands for DDP's accumulated .grad, which zero_grad() clears. The
+// optimizer's zero_grad() reaches only the shards' .grad (and is not virtual in
+// LibTorch 1.13), so the sum is tied to the shard's .grad instead: when it starts,
+// the shard gets a .grad (zeros) if it has none, and its identity and version
+// counter are recorded. zero_grad() zeroes it (a new version) or resets it (another
+// tensor, or none); either way the local sum is stale and is dropped. Nothing else
+// touches a shard's .grad between backwards.
 #include <ATen/core/Tensor.h>
 
 #include <deque>
@@ -70,6 +88,9 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
   // By the units, around their forward. post_forward() gets the unit's tensor
   // outputs; `opaque` when it returned something else.
   void pre_forward(std::size_t unit);
+  // Whether `t` is a view of one of the unit's gathered parameters: such an output
+  // must not outlive the unit's gathered buffer (the unit clones it).
+  bool aliases(std::size_t unit, const at::Tensor& t) const;
   void post_forward(std::size_t unit, const std::vector<at::Tensor>& outputs, bool opaque);
 
   void set_sync(bool sync);
@@ -84,6 +105,8 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
   using Place = std::pair<std::size_t, std::size_t>;
   void set_whole_order(std::vector<Place> order) { whole_order_ = std::move(order); }
   const std::vector<Place>& whole_order() const { return whole_order_; }
+  // After the shards changed (FullyShardedOptimizer::step): the next use gathers again.
+  void invalidate_all();
   // Frees every unit; refused during a backward.
   void reshard_all(const char* why);
 
@@ -96,6 +119,9 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
   struct Gradients {
     at::Tensor flat;    // this backward's gradients, padded, in the reduce dtype
     at::Tensor local;   // no_sync's full-size sum
+    // The shard's .grad when `local` began (Note [no_sync and zero_grad]).
+    const void* grad_impl = nullptr;
+    std::int64_t grad_version = -1;
     std::vector<bool> arrived;
     std::size_t missing = 0;
   };
@@ -113,6 +139,7 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
   void launch_ready();
   void launch(std::size_t flat);
   void land(InFlight& f);
+  void drop_cleared_local(std::size_t flat);
   void unit_gradients_complete(std::size_t unit);
   void reset_iteration();
   at::ScalarType reduce_dtype(const FlatParameter& flat) const;

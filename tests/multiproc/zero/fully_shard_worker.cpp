@@ -22,6 +22,7 @@
 #include "cohort/errors.h"
 #include "cohort/zero/fully_sharded_optimizer.h"
 #include "cohort/zero/state_bytes.h"
+#include "zero/optimizers.h"
 
 namespace {
 using cohort::comm::World;
@@ -106,27 +107,9 @@ struct NetImpl : torch::nn::Module {
   torch::Tensor frozen;
 };
 
-cohort::zero::OptimizerFactory factory(const std::string& name) {
-  if (name == "sgd")
-    return [](std::vector<torch::Tensor> p) {
-      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
-    };
-  if (name == "adam")
-    return [](std::vector<torch::Tensor> p) {
-      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).weight_decay(1e-4));
-    };
-  throw std::invalid_argument("unknown optimizer " + name);
-}
+cohort::zero::OptimizerFactory factory(const std::string& name) { return cohort::testing::zero_test_optimizer(name); }
 
-std::vector<torch::Tensor> unique_params(const torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) {
-    bool seen = false;
-    for (const auto& q : out) seen = seen || q.is_same(p);
-    if (!seen) out.push_back(p);
-  }
-  return out;
-}
+using cohort::testing::unique_params;
 
 constexpr int kRows = 5;
 std::pair<torch::Tensor, torch::Tensor> rows(int step, int rank, int world) {

@@ -29,6 +29,7 @@
 #include "cohort/errors.h"
 #include "cohort/zero/sharded_optimizer.h"
 #include "cohort/zero/state_bytes.h"
+#include "zero/optimizers.h"
 #include "zero/sharded_writer.h"
 
 namespace {
@@ -93,21 +94,7 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-cohort::zero::OptimizerFactory factory(const std::string& name) {
-  if (name == "sgd")
-    return [](std::vector<torch::Tensor> p) {
-      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
-    };
-  if (name == "adam")
-    return [](std::vector<torch::Tensor> p) {
-      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).weight_decay(1e-4));
-    };
-  if (name == "adamw")
-    return [](std::vector<torch::Tensor> p) {
-      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2));
-    };
-  throw std::invalid_argument("unknown optimizer " + name);
-}
+cohort::zero::OptimizerFactory factory(const std::string& name) { return cohort::testing::zero_test_optimizer(name); }
 
 struct Batch {
   torch::Tensor x, y;
@@ -235,15 +222,7 @@ int report(World& world, const std::string& scenario, bool ok, const std::string
   return ok ? 0 : 1;
 }
 
-std::vector<torch::Tensor> unique_params(const torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) {
-    bool seen = false;
-    for (const auto& q : out) seen = seen || q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
-    if (!seen) out.push_back(p);
-  }
-  return out;
-}
+using cohort::testing::unique_params;
 
 // K steps, then: weights bitwise equal on every rank; the shards' state bytes add up
 // to the whole optimizer's, each about 1/N of it; and the state gathered to rank 0
