@@ -381,7 +381,8 @@ INSTANTIATE_TEST_SUITE_P(Stages, TrainerZero, ::testing::Values(1, 2),
 // bitwise DDP's (with the contiguous layout --zero 3 uses). Each rank holds half of
 // the parameters and of the optimizer's state; the checkpoint holds the whole model
 // and state, as DDP's does, so it resumes at world 1 fully sharded, and under DDP.
-// With --activation-checkpointing the units are gathered again for the recompute.
+// With --activation-checkpointing the units are gathered again for the recompute;
+// under --amp bf16 it is still bitwise DDP under --amp bf16.
 TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
   TempDir dir("cohort-trainer");
   const auto plain = dir.path + "/plain.pt", sharded = dir.path + "/sharded.pt";
@@ -407,6 +408,15 @@ TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
                                         "--save-final", recomputed}));
   ASSERT_EQ(c.exit_code, 0) << describe(c);
   EXPECT_TRUE(bitwise_equal(sharded, recomputed)) << "largest difference " << max_difference(sharded, recomputed);
+  // Under bf16 autocast too: the same casts of the same (gathered) weights as DDP's.
+  const auto ddp_bf16 = dir.path + "/ddp_bf16.pt", zero3_bf16 = dir.path + "/zero3_bf16.pt";
+  auto d = run_trainer(2, with(contiguous, {"--amp", "bf16", "--save-final", ddp_bf16}));
+  ASSERT_EQ(d.exit_code, 0) << describe(d);
+  auto e = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--amp", "bf16", "--save-final",
+                                        zero3_bf16}));
+  ASSERT_EQ(e.exit_code, 0) << describe(e);
+  EXPECT_TRUE(bitwise_equal(ddp_bf16, zero3_bf16)) << "largest difference " << max_difference(ddp_bf16, zero3_bf16);
+  EXPECT_FALSE(bitwise_equal(sharded, zero3_bf16)) << "--amp bf16 changed nothing";
 
   // Stopped at step 5 by two ranks; resumed by one rank fully sharded, and by one
   // rank under DDP, with twice the batch: both end near the uninterrupted run.
