@@ -59,11 +59,12 @@ void FashionNetImpl::use_fully_shard_units() {
 // same network with ReLU and its backward on a quarter of the elements.
 torch::Tensor FashionNetImpl::forward(torch::Tensor x) {
   if (channels_last_) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
-  auto conv1 = [this](const torch::Tensor& x) { return conv1_unit_ ? conv1_unit_(x) : conv1_(x); };
-  auto conv2 = [this](const torch::Tensor& x) { return conv2_unit_ ? conv2_unit_(x) : conv2_(x); };
-  auto convolutions = [&](const cohort::recompute::TensorList& in) {
-    auto h = torch::relu(torch::max_pool2d(conv1(in[0]), 2));
-    return cohort::recompute::TensorList{torch::relu(torch::max_pool2d(conv2(h), 2))};
+  // Captures `this` only: recomputation calls it again in backward, after this
+  // forward has returned.
+  auto convolutions = [this](const cohort::recompute::TensorList& in) {
+    auto h = torch::relu(torch::max_pool2d(conv1_unit_ ? conv1_unit_(in[0]) : conv1_(in[0]), 2));
+    return cohort::recompute::TensorList{
+        torch::relu(torch::max_pool2d(conv2_unit_ ? conv2_unit_(h) : conv2_(h), 2))};
   };
   // A fully sharded unit's parameters exist only inside it, so under --zero 3 the
   // segment is checkpointed without .modules() (docs/zero.md, Composing).

@@ -495,7 +495,9 @@ TEST(Trainer, ZeroOneWithPowerSgdResumesBitwise) {
 }
 
 TEST(Trainer, ZeroAndCommHookFlagsThatCannotWorkExitTwo) {
-  for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero", "3"},
+  for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero", "3", "--memory-format", "channels-last"},
+                                                                  {"--zero", "3", "--comm-hook", "powersgd"},
+                                                                  {"--zero", "3", "--pipeline-stages", "2"},
                                                                   {"--zero", "2", "--comm-hook", "fp16"},
                                                                   {"--zero", "2", "--pipeline-stages", "2"},
                                                                   {"--zero", "1", "--pipeline-stages", "2"},
