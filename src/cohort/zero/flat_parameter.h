@@ -85,7 +85,6 @@ class FlatParameter {
   bool gathered() const;
   // Marks what is gathered, or in flight, as stale: the next use gathers again.
   void invalidate();
-  bool gathering() const { return in_flight_; }
   // Frees the full buffer (Note [Freeing in place]); waits for a gather in flight.
   void reshard();
   // Whether `t` shares the full buffer's storage (a view of a gathered parameter).

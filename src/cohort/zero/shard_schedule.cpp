@@ -199,7 +199,7 @@ at::Tensor ShardSchedule::take(std::size_t f, std::size_t i, const at::Tensor& g
         "backward, or a second backward over part of the graph); run one backward per forward",
         group_.rank(), flat.names()[i]));
   at::NoGradGuard no_grad;
-  const auto n = flat.params()[i].numel();
+  const auto n = flat.numel(i);
   if (grad.defined()) {
     if (!sync_) {
       drop_cleared_local(f);
