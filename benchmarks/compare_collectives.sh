@@ -4,9 +4,10 @@
 # per rank. Prints each side's JSON lines, then a table of medians.
 #   benchmarks/compare_collectives.sh [BUILD_DIR] [NPROC]
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
 build=${1:-build}
 nproc=${2:-2}
-here=$(cd "$(dirname "$0")" && pwd)
 python=/usr/bin/python3   # Debian's python3-torch
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 out=$(mktemp)
@@ -14,7 +15,7 @@ trap 'rm -f "$out"' EXIT
 "$build/tools/cohort/cohort" run --nproc-per-node "$nproc" --local-ranks-filter 0 \
   "$build/benchmarks/collectives_compare" | sed 's/^\[rank0\]: //' | tee -a "$out"
 "$build/tools/cohort/cohort" run --nproc-per-node "$nproc" --local-ranks-filter 0 \
-  "$python" "$here/collectives_peer.py" | sed 's/^\[rank0\]: //' | tee -a "$out"
+  "${peer_conf[@]}" "$python" "$here/collectives_peer.py" | sed 's/^\[rank0\]: //' | tee -a "$out"
 "$python" - "$out" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

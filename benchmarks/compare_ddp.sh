@@ -10,26 +10,46 @@
 # Both sides are started by `cohort run`, use Gloo on lo and one thread per rank.
 # Prints every JSON line, then summary tables.
 #   benchmarks/compare_ddp.sh [BUILD_DIR] [NPROC]
-# Extra arguments for both throughput programs go in DDP_BENCH_ARGS, e.g.
-# DDP_BENCH_ARGS="--steps 5 --reps 3 --warmup 3" for a smoke run.
+# Throughput and the world-1 overhead run once per allocator setting (Note [Equal
+# allocator settings] in bench_env.sh), each table naming its setting.
+# Extra arguments for both throughput programs go in DDP_BENCH_ARGS;
+# COHORT_BENCH_SMOKE=1 runs every part with a few steps.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
 build=${1:-build}
 nproc=${2:-2}
-here=$(cd "$(dirname "$0")" && pwd)
 python=/usr/bin/python3   # Debian's python3-torch
 bench=$build/benchmarks/ddp_bench
 peer=$here/ddp_peer.py
 read -r -a extra <<< "${DDP_BENCH_ARGS:-}"
+overhead_reps=9 measured=(--warmup 5 --steps 10) overlap_args=()
+if [[ $bench_smoke == 1 ]]; then
+  extra=(--steps 2 --reps 1 --warmup 1) overhead_reps=1 measured=(--warmup 1 --steps 2)
+  overlap_args=(--warmup 1 --steps 2)
+fi
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
-# run WORLD PROGRAM ARGS...: rank 0's JSON lines, echoed and kept.
+# run WORLD PROGRAM ARGS...: rank 0's JSON lines, echoed and kept. A Python peer is
+# a stock c10d worker (Note [Stock workers under cohort run] in bench_env.sh).
+# BENCH_MALLOC (exported by run_in) tags each JSON line with its allocator setting.
 run() {
   local world=$1
   shift
-  "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 "$@" |
-    sed 's/^\[rank0\]: //' | tee -a "$out"
+  local conf=()
+  [[ $1 == "$python" ]] && conf=("${peer_conf[@]}")
+  "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 "${conf[@]}" "$@" |
+    sed 's/^\[rank0\]: //' | sed "s/^{/{\"malloc\":\"${BENCH_MALLOC:-default}\",/" | tee -a "$out"
+}
+
+# run_in SETTING WORLD PROGRAM ARGS...: run under that allocator setting.
+run_in() {
+  local setting=$1
+  shift
+  # shellcheck disable=SC2046
+  (export $(malloc_env "$setting") BENCH_MALLOC=$setting; run "$@")
 }
 
 worlds=(1)
@@ -37,26 +57,27 @@ for ((w = 2; w <= nproc; w *= 2)); do worlds+=("$w"); done
 [[ " ${worlds[*]} " == *" $nproc "* ]] || worlds+=("$nproc")
 pair=$((nproc >= 2 ? 2 : 1))
 
-run 1 "$bench" throughput --mode local "${extra[@]}"
-run 1 "$python" "$peer" throughput --mode local "${extra[@]}"
-for w in "${worlds[@]}"; do
-  run "$w" "$bench" throughput --mode ddp "${extra[@]}"
-  run "$w" "$python" "$peer" throughput --mode ddp "${extra[@]}"
+for setting in "${malloc_settings[@]}"; do
+  run_in "$setting" 1 "$bench" throughput --mode local "${extra[@]}"
+  run_in "$setting" 1 "$python" "$peer" throughput --mode local "${extra[@]}"
+  for w in "${worlds[@]}"; do
+    run_in "$setting" "$w" "$bench" throughput --mode ddp "${extra[@]}"
+    run_in "$setting" "$w" "$python" "$peer" throughput --mode ddp "${extra[@]}"
+  done
+  run_in "$setting" 1 "$bench" overhead --reps "$overhead_reps" "${overlap_args[@]}"
 done
-
-run 1 "$bench" overhead --reps 9
 
 # The bench batch (16), then a larger one: overlap depends on how long backward is
 # against how long the all-reduce takes, and on 2 cores the two compete for CPU.
-run "$pair" "$bench" overlap --model deep
-run "$pair" "$bench" overlap --model deep --batch 64
+run "$pair" "$bench" overlap --model deep "${overlap_args[@]}"
+run "$pair" "$bench" overlap --model deep --batch 64 "${overlap_args[@]}"
 
 # Large blocks go straight to mmap and back to the kernel when freed, so RSS follows
 # the live tensors instead of what malloc keeps cached.
 for w in $(printf '%s\n' 1 "$pair" | sort -u); do
   for config in local ddp ddp-view; do
-    MALLOC_MMAP_THRESHOLD_=65536 run "$w" "$bench" memory --mode "$config" --warmup 5 --steps 10
-    MALLOC_MMAP_THRESHOLD_=65536 run "$w" "$python" "$peer" memory --mode "$config" --warmup 5 --steps 10
+    MALLOC_MMAP_THRESHOLD_=65536 run "$w" "$bench" memory --mode "$config" "${measured[@]}"
+    MALLOC_MMAP_THRESHOLD_=65536 run "$w" "$python" "$peer" memory --mode "$config" "${measured[@]}"
   done
 done
 
@@ -64,10 +85,7 @@ done
 import json, sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-rate = {(r["impl"], r["model"], r["world"]): r["steps_per_s"] for r in rows if "steps_per_s" in r}
-cpu = {(r["impl"], r["model"], r["world"]): r["cpu_ms_per_step"] for r in rows if "steps_per_s" in r}
-models = list(dict.fromkeys(m for _, m, _ in rate))
-worlds = sorted({w for i, _, w in rate if i.endswith("ddp")})
+settings = list(dict.fromkeys(r["malloc"] for r in rows if "steps_per_s" in r))
 
 def fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
@@ -86,29 +104,37 @@ def table(title, values, faster, ratios):
             print(f"{m:<6}{w:>6}{fmt(local, '.2f'):>9}{fmt(tlocal, '.2f'):>12}{fmt(c, '.2f'):>11}{fmt(t, '.2f'):>10}"
                   f"{fmt(faster(c, t), '.2f'):>13}{fmt(faster(local, tlocal), '.2f'):>18}")
 
-# In both tables a ratio above 1 means cohort is faster (or uses less CPU).
-table("Throughput, steps/s (median of repetitions; the local columns are world 1)", rate, ratio,
-      ("cohort/torch", "local/torch-local"))
-table("CPU time per step, ms (rank 0's process, every thread)", cpu, lambda c, t: ratio(t, c),
-      ("torch/cohort", "torch-local/local"))
+for setting in settings:
+    print(f"\n### Allocator: {setting}" + (" (MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ 1e9, both sides)"
+                                            if setting == "equal" else " (glibc's defaults)"))
+    mine = [r for r in rows if r.get("malloc") == setting]
+    rate = {(r["impl"], r["model"], r["world"]): r["steps_per_s"] for r in mine if "steps_per_s" in r}
+    cpu = {(r["impl"], r["model"], r["world"]): r["cpu_ms_per_step"] for r in mine if "steps_per_s" in r}
+    models = list(dict.fromkeys(m for _, m, _ in rate))
+    worlds = sorted({w for i, _, w in rate if i.endswith("ddp")})
+    # In both tables a ratio above 1 means cohort is faster (or uses less CPU).
+    table("Throughput, steps/s (median of repetitions; the local columns are world 1)", rate, ratio,
+          ("cohort/torch", "local/torch-local"))
+    table("CPU time per step, ms (rank 0's process, every thread)", cpu, lambda c, t: ratio(t, c),
+          ("torch/cohort", "torch-local/local"))
 
-print("\nDDP overhead at world 1: extra time per step against the same side's local training, %")
-print(f"{'model':<6}{'cohort wall':>12}{'cohort cpu':>11}{'torch wall':>11}{'torch cpu':>10}")
-for m in models:
-    cols = []
-    for local, ddp in (("local", "cohort-ddp"), ("torch-local", "torch-ddp")):
-        wall = ratio(rate.get((local, m, 1)), rate.get((ddp, m, 1)))
-        busy = ratio(cpu.get((ddp, m, 1)), cpu.get((local, m, 1)))
-        cols += [None if x is None else (x - 1) * 100 for x in (wall, busy)]
-    print(f"{m:<6}" + "".join(f"{fmt(x):>{w}}" for x, w in zip(cols, (12, 11, 11, 10))))
+    print("\nDDP overhead at world 1: extra time per step against the same side's local training, %")
+    print(f"{'model':<6}{'cohort wall':>12}{'cohort cpu':>11}{'torch wall':>11}{'torch cpu':>10}")
+    for m in models:
+        cols = []
+        for local, ddp in (("local", "cohort-ddp"), ("torch-local", "torch-ddp")):
+            wall = ratio(rate.get((local, m, 1)), rate.get((ddp, m, 1)))
+            busy = ratio(cpu.get((ddp, m, 1)), cpu.get((local, m, 1)))
+            cols += [None if x is None else (x - 1) * 100 for x in (wall, busy)]
+        print(f"{m:<6}" + "".join(f"{fmt(x):>{w}}" for x, w in zip(cols, (12, 11, 11, 10))))
 
-over = [r for r in rows if r.get("kind") == "overhead"]
-if over:
-    print("\nDDP overhead at world 1, cohort, one process alternating local and DDP repetitions: "
-          "median over pairs of (DDP time / local time - 1), %")
-    print(f"{'model':<6}{'median':>8}{'min':>8}{'max':>8}")
-    for r in over:
-        print(f"{r['model']:<6}{r['overhead_pct']:>8.2f}{r['min_pct']:>8.2f}{r['max_pct']:>8.2f}")
+    over = [r for r in mine if r.get("kind") == "overhead"]
+    if over:
+        print("\nDDP overhead at world 1, cohort, one process alternating local and DDP repetitions: "
+              "median over pairs of (DDP time / local time - 1), %")
+        print(f"{'model':<6}{'median':>8}{'min':>8}{'max':>8}")
+        for r in over:
+            print(f"{r['model']:<6}{r['overhead_pct']:>8.2f}{r['min_pct']:>8.2f}{r['max_pct']:>8.2f}")
 
 buckets = [r for r in rows if r.get("kind") == "overlap"]
 for s in (r for r in rows if r.get("kind") == "overlap-summary"):

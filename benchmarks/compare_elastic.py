@@ -21,6 +21,10 @@ import time
 
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+# COHORT_BENCH_SMOKE=1 (scripts/bench-smoke): one repetition, no warm-up, 1 and 2 agents.
+smoke = os.environ.get("COHORT_BENCH_SMOKE") == "1"
+if smoke:
+    reps = 1
 here = os.path.dirname(os.path.abspath(__file__))
 cli = os.path.join(build, "tools/cohort/cohort")
 python = "/usr/bin/python3"
@@ -133,8 +137,9 @@ def restart_benchmark():
                      "--max_restarts", "1", "--monitor_interval", "0.1", os.path.join(here, "restart_peer.py"),
                      "400", "10"],
     }
-    restart_trial(sides["cohort run"])  # warm-up: page cache, ccache'd binaries
-    restart_trial(sides["torchrun"])
+    if not smoke:
+        restart_trial(sides["cohort run"])  # warm-up: page cache, ccache'd binaries
+        restart_trial(sides["torchrun"])
     results = {name: [] for name in sides}
     for _ in range(reps):
         for name, argv in sides.items():  # alternating, so drift hits both
@@ -173,7 +178,7 @@ def rendezvous_trial(side, n):
 
 
 def rendezvous_benchmark():
-    sizes = [1, 2, 3, 4, 5, 6, 7, 8]
+    sizes = [1, 2] if smoke else [1, 2, 3, 4, 5, 6, 7, 8]
     print("\n## Rendezvous of N agents on one machine, no-op worker (seconds, median of %d)" % reps)
     print("| agents | cohort run: launch to exit | cohort run: rendezvous (slowest agent) | torchrun: launch to exit |")
     print("|---|---|---|---|")

@@ -8,10 +8,12 @@
 #     DDP with torch.autocast (trainer_peer.py --amp bf16), same model and data.
 #   benchmarks/compare_issue14.sh [BUILD_DIR] [STEPS] [REPS]
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
 build=${1:-build}
 steps=${2:-200}
 reps=${3:-3}
-here=$(cd "$(dirname "$0")" && pwd)
+if [[ $bench_smoke == 1 ]]; then steps=5 reps=1; fi
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 cohort=$build/tools/cohort/cohort
 trainer=$build/examples/fashion_mnist/fashion_mnist
@@ -31,8 +33,8 @@ sides=(
   "ddp-2|2|$trainer ${common[*]} --batch-size 32"
   "cohort-fp32|2|$trainer ${common[*]} --batch-size 32"
   "cohort-bf16|2|$trainer ${common[*]} --batch-size 32 --amp bf16"
-  "pytorch-fp32|2|/usr/bin/python3 $here/trainer_peer.py ${common[*]} --batch-size 32"
-  "pytorch-bf16|2|/usr/bin/python3 $here/trainer_peer.py ${common[*]} --batch-size 32 --amp bf16"
+  "pytorch-fp32|2|${peer_conf[*]} /usr/bin/python3 $here/trainer_peer.py ${common[*]} --batch-size 32"
+  "pytorch-bf16|2|${peer_conf[*]} /usr/bin/python3 $here/trainer_peer.py ${common[*]} --batch-size 32 --amp bf16"
 )
 for side in "${sides[@]}"; do  # warm-up
   IFS='|' read -r name n cmd <<<"$side"

@@ -11,13 +11,15 @@
 # Extra arguments for both programs go in PIPELINE_BENCH_ARGS, e.g.
 # PIPELINE_BENCH_ARGS="--warmup 1 --steps 2" for a smoke run. Needs root (the chroot).
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
 build=${1:-build}
 shift || true
 sizes=("$@")
 ((${#sizes[@]})) || sizes=(2 4)
-here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 read -r -a extra <<< "${PIPELINE_BENCH_ARGS:-}"
+if [[ $bench_smoke == 1 ]]; then extra=(--warmup 1 --steps 1 --forward-ms 2 --input-ms 2 --weight-ms 2) sizes=(2); fi
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

@@ -5,12 +5,16 @@
 # Accuracy and element counts do not depend on the machine's load.
 #   benchmarks/compare_powersgd.sh [BUILD_DIR] [EPOCHS]
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
 build=${1:-build}
 epochs=${2:-2}
+limit=()
+if [[ $bench_smoke == 1 ]]; then epochs=1 limit=(--limit-train-batches 5); fi
 export GLOO_SOCKET_IFNAME=lo
 for hook in allreduce powersgd:1 powersgd:4; do
   line=$("$build/tools/cohort/cohort" run --nproc-per-node 2 --local-ranks-filter 0 \
-    "$build/examples/fashion_mnist/fashion_mnist" --epochs "$epochs" --comm-hook "$hook" --seed 1 |
+    "$build/examples/fashion_mnist/fashion_mnist" --epochs "$epochs" --comm-hook "$hook" --seed 1 "${limit[@]}" |
     sed -n 's/^\[rank0\]: \({.*}\)$/\1/p' | tail -n 1)
   /usr/bin/python3 -c '
 import json, sys

@@ -10,18 +10,23 @@
 # follows the live tensors rather than what the allocator keeps for reuse.
 #   benchmarks/compare_zero_memory.sh [BUILD_DIR]
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
 build=${1:-build}
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
-for world in 2 4; do
+worlds=(2 4) extra=()
+if [[ $bench_smoke == 1 ]]; then worlds=(2) extra=(--width 256); fi
+for world in "${worlds[@]}"; do
   for mode in ddp zero1 zero2 zero3 zero3-grad-op; do
     "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 \
-      "$build/benchmarks/zero_bench" memory --mode "$mode" | sed 's/^\[rank0\]: //'
+      "$build/benchmarks/zero_bench" memory --mode "$mode" "${extra[@]}" | sed 's/^\[rank0\]: //'
   done
 done
 for threshold in "" 65536; do
+  [[ $bench_smoke == 1 && -n $threshold ]] && continue
   for mode in ddp zero1 zero2 zero3 zero3-grad-op; do
     env ${threshold:+MALLOC_MMAP_THRESHOLD_=$threshold} "$build/tools/cohort/cohort" run --nproc-per-node 4 \
-      --local-ranks-filter 0 "$build/benchmarks/zero_bench" memory --mode "$mode" --bucket-mib 4 |
+      --local-ranks-filter 0 "$build/benchmarks/zero_bench" memory --mode "$mode" --bucket-mib 4 "${extra[@]}" |
       sed "s/^\[rank0\]: {/{\"malloc_mmap_threshold\":\"${threshold:-default}\",/"
   done
 done

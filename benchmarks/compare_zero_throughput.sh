@@ -11,10 +11,12 @@
 # and root (the chroot). ZERO_BENCH_ARGS="--width 512 --reps 3" for a smoke run.
 #   benchmarks/compare_zero_throughput.sh [BUILD_DIR]
 set -euo pipefail
-build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
+build=${1:-build}
 repo=$(cd "$here/.." && pwd)
 read -r -a extra <<< "${ZERO_BENCH_ARGS:-}"
+if [[ $bench_smoke == 1 ]]; then extra=(--width 256 --reps 1); fi
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 cohort=("$build/tools/cohort/cohort" run --nproc-per-node 2 --local-ranks-filter 0)
 for mode in ddp zero1 zero2 zero3 zero3-grad-op; do
@@ -22,7 +24,7 @@ for mode in ddp zero1 zero2 zero3 zero3-grad-op; do
 done
 for mode in ddp zero1; do
   # Stock c10d workers get a plain TCPStore (docs/store_security.md).
-  "${cohort[@]}" --rdzv-conf worker_store=tcpstore /usr/bin/python3 "$here/zero_peer.py" --mode "$mode" \
+  "${cohort[@]}" "${peer_conf[@]}" /usr/bin/python3 "$here/zero_peer.py" --mode "$mode" \
     "${extra[@]}" | sed 's/^\[rank0\]: //'
 done
 COHORT_TORCH2_FLAVOR=${COHORT_TORCH2_FLAVOR:-cuda} "$repo/scripts/torch2-chroot" "

@@ -8,10 +8,15 @@
 # two sides REPS times and prints the medians.
 #   benchmarks/time_to_accuracy.sh [BUILD_DIR] [EPOCHS] [REPS]
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
 build=${1:-build}
 epochs=${2:-2}
 reps=${3:-2}
-here=$(cd "$(dirname "$0")" && pwd)
+# A smoke run trains one short epoch, which reaches no accuracy worth timing: it
+# proves both sides run and print their epoch lines ("nan" when 0.90 is not reached).
+limit=()
+if [[ $bench_smoke == 1 ]]; then epochs=1 reps=1 limit=(--limit-train-batches 5); fi
 export GLOO_SOCKET_IFNAME=lo
 cohort=$build/tools/cohort/cohort
 trainer=$build/examples/fashion_mnist/fashion_mnist
@@ -28,13 +33,15 @@ for line in sys.stdin:
         print(m.group(2)); break
 else:
     print("nan")'
+  [[ ${PIPESTATUS[0]} == 0 ]]
 }
 
 ours=() peer=()
 for ((i = 0; i < reps; i++)); do
   rm -rf "$scratch/ckpt"
-  ours+=("$(seconds_to_090 "$trainer" --epochs "$epochs" --checkpoint-dir "$scratch/ckpt" --checkpoint-every 200)")
-  peer+=("$(seconds_to_090 /usr/bin/python3 "$here/trainer_peer.py" --epochs "$epochs" --evaluate)")
+  ours+=("$(seconds_to_090 "$trainer" --epochs "$epochs" --checkpoint-dir "$scratch/ckpt" --checkpoint-every 200 "${limit[@]}")")
+  peer+=("$(seconds_to_090 "${peer_conf[@]}" /usr/bin/python3 "$here/trainer_peer.py" --epochs "$epochs" --evaluate \
+    "${limit[@]}")")
 done
 /usr/bin/python3 - "${ours[*]}" "${peer[*]}" <<'PY'
 import statistics, sys
