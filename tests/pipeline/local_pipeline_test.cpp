@@ -63,6 +63,27 @@ TEST(LocalPipeline, CarriesGradModeToTheDeviceThreads) {
   EXPECT_TRUE(pipe.forward(x).requires_grad());
 }
 
+// Issue 29 (pipeline D6): two parts on the CPU both draw dropout masks; under one
+// seed the forward is the same every time, whatever order the threads run in.
+TEST(LocalPipeline, DropoutIsReproducibleUnderAFixedSeed) {
+  torch::manual_seed(1);
+  torch::nn::Sequential model;
+  model->push_back("fc0", torch::nn::Linear(64, 128));
+  model->push_back("drop0", torch::nn::Dropout(0.5));
+  model->push_back("fc1", torch::nn::Linear(128, 128));
+  model->push_back("drop1", torch::nn::Dropout(0.5));
+  LocalPipeline pipe(split_by_balance(model, {2, 2}), {c10::Device("cpu"), c10::Device("cpu")},
+                     LocalPipelineOptions().microbatches(16));
+  auto x = torch::randn({256, 64});
+  std::vector<at::Tensor> outs;
+  for (int trial = 0; trial < 4; ++trial) {
+    torch::manual_seed(42);
+    outs.push_back(pipe.forward(x).detach());
+  }
+  for (int trial = 1; trial < 4; ++trial) EXPECT_TRUE(torch::equal(outs[trial], outs[0])) << "trial " << trial;
+  EXPECT_FALSE(torch::equal(pipe.forward(x), outs[0]));  // a later call draws other masks
+}
+
 TEST(LocalPipeline, AFailingPartIsNamedWithItsDevice) {
   auto model = mlp();
   LocalPipeline pipe(split_by_balance(model, {2, 3}), {c10::Device("cpu"), c10::Device("cpu")},

@@ -70,6 +70,14 @@ bool any_checkpoint(const std::string& root) {
   return false;
 }
 
+// Whether root holds whole-model checkpoints (root/step-N, a run without a pipeline).
+bool any_whole_model_checkpoint(const std::string& root) {
+  if (!fs::is_directory(root)) return false;
+  for (const auto& entry : fs::directory_iterator(root))
+    if (entry.is_directory() && entry.path().filename().string().rfind("step-", 0) == 0) return true;
+  return false;
+}
+
 // Note [Pipeline layouts]
 // Each stage's checkpoint holds only its own layers, under the whole model's names,
 // so checkpoints cut for S stages cannot resume a run cut into S' stages: stage-1
@@ -78,15 +86,20 @@ bool any_checkpoint(const std::string& root) {
 // move its good checkpoints aside and start from scratch. So the root records the
 // layout, everyone's rank 0 compares it, and all ranks refuse together before
 // anything on disk changes. The data-parallel width may change freely (the replicas
-// of a stage hold the same weights).
+// of a stage hold the same weights). A run without a pipeline keeps the whole model
+// in root/step-N, which no stage reads either: a pipeline run refuses those, and a
+// run without a pipeline refuses stage checkpoints (refuse_pipeline_checkpoints), or
+// each would start from scratch beside the other's checkpoints.
 void check_layout(const std::string& root, const Layout& mine, comm::Group& everyone, c10::Device device) {
-  enum Status : std::int64_t { kAgreed = 0, kOther = 1, kFailed = 2 };
+  enum Status : std::int64_t { kAgreed = 0, kOther = 1, kFailed = 2, kWholeModel = 3 };
   std::vector<std::int64_t> verdict{kAgreed, 0, 0};
   std::string failure;
   if (everyone.rank() == 0) {
     try {
       const Layout saved = read_layout(layout_path(root));
-      if (saved.ranks != 0 && !(saved == mine) && any_checkpoint(root)) {
+      if (any_whole_model_checkpoint(root)) {
+        verdict = {kWholeModel, 0, 0};
+      } else if (saved.ranks != 0 && !(saved == mine) && any_checkpoint(root)) {
         verdict = {kOther, saved.ranks, saved.virtual_stages};
       } else if (!(saved == mine)) {
         fs::create_directories(root);
@@ -110,6 +123,14 @@ void check_layout(const std::string& root, const Layout& mine, comm::Group& ever
     throw Error(everyone.rank() == 0 ? failure
                                      : fmt::format("cohort pipeline: rank 0 could not check {}; its log says why",
                                                    layout_path(root)));
+  if (d[0] == kWholeModel)
+    throw ConfigError(fmt::format(
+        "cohort pipeline: the checkpoints in {} (step-N directories) were written by a run without a pipeline, "
+        "which saves the whole model in one; this run is a pipeline of {}, whose stages each resume from "
+        "stage-<s> directories, so it would start from scratch. Resume without a pipeline (cohort's trainer: "
+        "without --pipeline-stages), or start afresh with another checkpoint directory. Nothing was moved or "
+        "deleted",
+        root, mine.describe()));
   if (d[0] == kOther) {
     const Layout saved{d[1], d[2]};
     throw ConfigError(fmt::format(
@@ -146,6 +167,20 @@ std::optional<checkpoint::Restored> load_agreed(const std::string& root, const P
   throw Error(fmt::format("cohort pipeline: the stages' checkpoints in {} never agreed on a step to resume; move "
                           "the checkpoint directories aside to start afresh",
                           checkpointer.directory()));
+}
+
+void refuse_pipeline_checkpoints(const std::string& root) {
+  if (!any_checkpoint(root)) return;
+  const Layout saved = read_layout(layout_path(root));
+  throw ConfigError(fmt::format(
+      "cohort: the checkpoints in {} (stage-<s> directories) were written by a pipeline{}, whose stages each saved "
+      "only their own layers; this run has no pipeline and resumes the whole model from step-N directories, so it "
+      "would start from scratch. Resume with the same pipeline{}, or start afresh with another checkpoint "
+      "directory. Nothing was moved or deleted",
+      root, saved.ranks ? " of " + saved.describe() : std::string(),
+      saved.ranks ? fmt::format(" (cohort's trainer: --pipeline-stages {} --virtual-stages {})", saved.ranks,
+                                saved.virtual_stages)
+                  : std::string()));
 }
 
 }  // namespace cohort::pipeline

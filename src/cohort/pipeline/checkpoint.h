@@ -26,8 +26,9 @@ std::string layout_path(const std::string& root);
 
 // Collective over `everyone` (all ranks of all stages and replicas).
 // First checks root/pipeline.json against this pipeline's layout: when checkpoints
-// exist and were written by another layout, throws ConfigError on every rank, naming
-// both layouts, and moves nothing. Otherwise records the layout there, then loads,
+// exist and were written by another layout, or by a run without a pipeline
+// (root/step-N), throws ConfigError on every rank, naming both layouts, and moves
+// nothing. Otherwise records the layout there, then loads,
 // in every stage, the newest step that every stage has intact; newer steps of a stage
 // are moved aside (Checkpointer::load_latest's at_most). std::nullopt on every rank
 // when some stage has none.
@@ -35,5 +36,10 @@ std::optional<checkpoint::Restored> load_agreed(const std::string& root, const P
                                                 checkpoint::Checkpointer& checkpointer,
                                                 torch::optim::Optimizer& optimizer, comm::Group& everyone,
                                                 c10::Device device);
+
+// For a run without a pipeline on `root`: throws ConfigError, naming the pipeline
+// layout found, when root holds stage checkpoints (which it cannot resume). Each rank
+// checks the directory itself.
+void refuse_pipeline_checkpoints(const std::string& root);
 
 }  // namespace cohort::pipeline

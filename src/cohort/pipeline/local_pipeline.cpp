@@ -4,7 +4,12 @@
 #include <ATen/ThreadLocalState.h>
 #include <fmt/format.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+
 #include <future>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "cohort/errors.h"
@@ -59,6 +64,48 @@ at::Tensor LocalPipeline::forward(const at::Tensor& input) {
   // thread-local settings are per thread in ATen; each device thread adopts the
   // caller's, so `forward` under NoGradGuard or autocast behaves as it would inline.
   const at::ThreadLocalState state;
+
+  // Note [Generators of the device threads]: parts on one device would draw from its
+  // one default generator (dropout's masks) in whatever order their threads reach it,
+  // so a fixed seed would not give the same forward twice. Each such part gets a
+  // stream of its own instead: seeded here, in the calling thread, from the CPU
+  // generator (so each call draws from the caller's seed), and swapped into the
+  // device's generator for the part's turn; parts sharing a device take turns.
+  std::map<std::string, int> sharing;
+  for (const auto& d : devices_) ++sharing[d.str()];
+  std::map<std::string, std::mutex> turns;  // made here: the threads only look up
+  for (const auto& [device, count] : sharing) turns[device];
+  std::vector<std::uint64_t> seeds(n);
+  {
+    auto cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    for (auto& seed : seeds) seed = cpu.get<at::CPUGeneratorImpl>()->random64();
+  }
+  std::vector<at::Tensor> streams(n);  // each part's generator state between its turns
+  auto run_part = [&](std::size_t k, const at::Tensor& x) {
+    if (sharing.at(devices_[k].str()) < 2 || !parts_[k]->is_training()) return parts_[k]->forward(x);
+    std::lock_guard<std::mutex> turn(turns.at(devices_[k].str()));
+    auto gen = at::globalContext().defaultGenerator(devices_[k]);
+    at::Tensor outside;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      outside = gen.get_state();
+      if (streams[k].defined()) gen.set_state(streams[k]);
+      else gen.set_current_seed(seeds[k]);
+    }
+    struct Restore {  // the device's own state comes back, whatever forward does
+      at::Generator& gen;
+      at::Tensor& saved;
+      at::Tensor& outside;
+      ~Restore() {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        saved = gen.get_state();
+        gen.set_state(outside);
+      }
+    } restore{gen, streams[k], outside};
+    return parts_[k]->forward(x);
+  };
+
   std::vector<std::thread> threads;
   for (std::size_t k = 0; k < n; ++k) {
     threads.emplace_back([&, k] {
@@ -66,7 +113,7 @@ at::Tensor LocalPipeline::forward(const at::Tensor& input) {
       const auto next = k + 1 < n ? devices_[k + 1] : devices_[k];
       for (std::size_t i = 0; i < static_cast<std::size_t>(m); ++i) {
         try {
-          auto y = parts_[k]->forward(inputs[k][i].get());
+          auto y = run_part(k, inputs[k][i].get());
           ready[k + 1][i].set_value(y.to(next));
         } catch (const cohort::Error&) {  // upstream's failure, already named: pass it on
           ready[k + 1][i].set_exception(std::current_exception());

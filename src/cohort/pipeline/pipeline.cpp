@@ -191,6 +191,52 @@ StepResult Pipeline::step(const TensorList& inputs, const TensorList& targets, d
                            is_last() ? cut(targets, m, "targets") : std::vector<TensorList>(), loss_scale);
 }
 
+namespace {
+
+// Each micro-batch's rows: its first tensor's size along dimension 0 (0 for none).
+std::vector<std::int64_t> rows_of(const std::vector<TensorList>& microbatches) {
+  std::vector<std::int64_t> rows;
+  for (const auto& list : microbatches)
+    rows.push_back(!list.empty() && list[0].defined() && list[0].dim() > 0 ? list[0].size(0) : 0);
+  return rows;
+}
+
+constexpr int kRowsTag = 0xFE;  // a stage number no step uses (kStateTag is 0xFF)
+
+}  // namespace
+
+// Note [Micro-batch weights]: the last stage weighs a loss without targets by the
+// micro-batches' input rows. The first stage sends them at the start of every step
+// (the message precedes every other between the two ranks on both sides, so NCCL's
+// issue order matches too); the last rank returns them, the others nothing.
+std::vector<std::int64_t> Pipeline::exchange_input_rows(Run& run, const std::vector<TensorList>& inputs) {
+  const int first = schedule_.rank_of(0);
+  const int last = schedule_.rank_of(schedule_.stages() - 1);
+  if (first == last) return is_first() ? rows_of(inputs) : std::vector<std::int64_t>();
+  if (!is_first() && !is_last()) return {};
+  const auto tag = transfer_tag(Direction::kActivation, kRowsTag, 0, 0);
+  auto counts = at::zeros({options_.microbatches()}, at::TensorOptions().dtype(at::kLong));
+  if (is_first()) {
+    const auto rows = rows_of(inputs);
+    std::copy(rows.begin(), rows.end(), counts.data_ptr<std::int64_t>());
+    auto sent = counts.to(options_.device());
+    run.sends.push_back(Sent{{group_.send_async(sent, last, tag)}, {sent}});  // waited for with the step's others
+    return {};
+  }
+  auto received = counts.to(options_.device());
+  try {
+    group_.recv(received, first, tag);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("cohort pipeline: pipeline rank {} (global rank {}), the last stage, did not "
+                                   "receive the micro-batches' row counts from the first stage (global rank {}) "
+                                   "within the timeout; it is stuck or far behind. {}",
+                                   rank_, group_.global_ranks()[rank_], group_.global_ranks()[first], e.what()),
+                       e.operation(), e.missing_ranks());
+  }
+  auto host = received.cpu();
+  return std::vector<std::int64_t>(host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel());
+}
+
 std::unique_ptr<amp::Autocast> Pipeline::autocast() const {
   return options_.autocast() ? std::make_unique<amp::Autocast>(*options_.autocast()) : nullptr;
 }
@@ -218,12 +264,16 @@ StepResult Pipeline::step_microbatches(const std::vector<TensorList>& inputs,
   // Note [Micro-batch weights]: each micro-batch's mean loss is weighted by its share
   // of the rows, so the summed gradient is the gradient of the whole batch's mean
   // loss, whatever the cut (tensor_split's chunks may differ by a row).
+  // A loss that takes no targets weighs each micro-batch by its first input's rows,
+  // which only the first stage sees: it sends their counts to the last stage first.
   run.weights.assign(m, 1.0 / m);
-  if (is_last() && !targets.empty() && !targets[0].empty()) {
-    double total = 0;
-    for (const auto& t : targets) total += static_cast<double>(t.at(0).size(0));
-    for (int k = 0; k < m; ++k) run.weights[k] = static_cast<double>(targets[k].at(0).size(0)) / total;
-  }
+  const auto input_rows = exchange_input_rows(run, inputs);
+  const bool by_targets = !targets.empty() && !targets[0].empty();
+  const auto rows = is_last() ? (by_targets ? rows_of(targets) : input_rows) : std::vector<std::int64_t>();
+  double total = 0;
+  for (auto r : rows) total += static_cast<double>(r);
+  if (total > 0)
+    for (int k = 0; k < m; ++k) run.weights[k] = static_cast<double>(rows[k]) / total;
 
   for (const auto& action : schedule_.actions[rank_]) run_action(run, action);
   try {
@@ -302,6 +352,14 @@ void Pipeline::run_action(Run& run, const Action& action) {
   } catch (const c10::Error& e) {
     // The stage's own code (its forward, the loss, autograd) failed: say which.
     throw Error(fmt::format("{} failed: {}", where(action), e.what_without_backtrace()));
+  } catch (const Error&) {
+    throw;  // cohort's own refusals name their place already
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{} failed: {}", where(action), e.what()));
+  } catch (...) {
+    throw Error(fmt::format("{} failed: the stage's code (its forward or the loss) threw an exception that is not a "
+                            "std::exception, so it carries no message",
+                            where(action)));
   }
 }
 
@@ -324,7 +382,9 @@ std::string Pipeline::where(const Action& action) const {
     detail = fmt::format(" (micro-batch {}'s {})", action.microbatch,
                          fmt::format(fmt::runtime(peer), other, group_.global_ranks()[schedule_.rank_of(other)]));
   } else {
-    detail = fmt::format(" ({} of micro-batch {})", action_name(action.kind), action.microbatch);
+    const bool loss = action.kind == ActionKind::kForward && s == schedule_.stages() - 1;
+    detail = fmt::format(" ({} of micro-batch {})", loss ? "forward and loss" : action_name(action.kind),
+                         action.microbatch);
   }
   return fmt::format("cohort pipeline: pipeline rank {} (global rank {}), stage {}, at {}{}", rank_,
                      group_.global_ranks()[rank_], s, to_string(action), detail);
@@ -378,8 +438,26 @@ void Pipeline::backward_action(Run& run, ActionKind kind, int s, int m) {
       auto now = checkpoint::capture_rng_state(options_.device());
       checkpoint::restore_rng_state(options_.device(), slot.rng);
       {
+        // Note [Recomputing buffers]: the forward pass already updated the stage's
+        // buffers (BatchNorm's running statistics) once; the recomputation must not
+        // again, so what it changes is put back. The write goes through
+        // variable_data() (a fresh version counter): the recomputed graph saved
+        // those buffers (batch_norm's backward takes them), and a write it could see
+        // would fail its version check in backward.
+        auto buffers = stages_[c].module()->buffers();
+        std::vector<at::Tensor> before;
+        {
+          at::NoGradGuard no_grad;
+          for (const auto& b : buffers) before.push_back(b.defined() ? b.clone() : at::Tensor());
+        }
         auto mixed = autocast();
         slot.outputs = stages_[c].forward(slot.inputs);
+        {
+          at::NoGradGuard no_grad;
+          for (std::size_t i = 0; i < buffers.size(); ++i)
+            if (before[i].defined() && !at::equal(buffers[i], before[i]))
+              buffers[i].variable_data().copy_(before[i]);
+        }
         if (last)
           slot.loss = options_.loss()(slot.outputs, run.targets->empty() ? TensorList{} : run.targets->at(m)) *
                       (run.weights[m] * run.loss_scale);
@@ -426,7 +504,9 @@ void Pipeline::backward_action(Run& run, ActionKind kind, int s, int m) {
       for (std::size_t i = 0; i < slot.inputs.size(); ++i)
         if (s > 0 && slot.inputs[i].defined() && slot.inputs[i].requires_grad()) slot.input_grads[i] = g[k++];
     }
-    slot.output_grads = grads;  // kept for W; `roots` are slot.outputs (or the loss)
+    // Note [Split backward]: W pairs slot.outputs with slot.output_grads by position
+    // again, so output_grads stays as received (one per output, undefined where an
+    // output gets none), never the compacted `grads`.
   } else {  // kBackwardWeight
     TensorList params;
     for (const auto& p : stages_[c].module()->parameters())
@@ -446,9 +526,9 @@ void Pipeline::backward_action(Run& run, ActionKind kind, int s, int m) {
   }
 }
 
-TensorList Pipeline::forward(const TensorList& inputs, int microbatches) {
+TensorList Pipeline::forward(const TensorList& inputs, int microbatches, bool mixed_precision) {
   at::NoGradGuard no_grad;
-  auto mixed = autocast();
+  auto mixed = mixed_precision ? autocast() : nullptr;
   const int stages = schedule_.stages();
   std::vector<TensorList> pieces = is_first() ? cut(inputs, microbatches, "inputs") : std::vector<TensorList>();
   std::vector<TensorList> outputs;

@@ -102,13 +102,17 @@ class Pipeline {
   // float16; amp/grad_scaler.h); the losses returned are unscaled.
   StepResult step(const TensorList& inputs, const TensorList& targets, double loss_scale = 1.0);
   // The same with micro-batches cut by the caller: they may differ in shape (e.g. in
-  // sequence length). Each weighs its first target's rows over all micro-batches'.
+  // sequence length). Each weighs its first target's rows over all micro-batches'
+  // (its first input's, when the last stage passes no targets: a loss without them).
   StepResult step_microbatches(const std::vector<TensorList>& inputs, const std::vector<TensorList>& targets,
                                double loss_scale = 1.0);
 
   // Forward only, without gradients (evaluation): the last stage's rank returns the
   // outputs for the whole batch (concatenated along dimension 0), others nothing.
-  TensorList forward(const TensorList& inputs, int microbatches = 1);
+  // Under PipelineOptions::autocast unless `mixed_precision` is false: then as the
+  // caller's autocast state says (outside one: float32, as models are usually
+  // evaluated). Every rank passes the same.
+  TensorList forward(const TensorList& inputs, int microbatches = 1, bool mixed_precision = true);
 
   // This rank's parameters, for its optimizer.
   std::vector<at::Tensor> parameters() const;
@@ -131,6 +135,7 @@ class Pipeline {
   struct Slot;
   struct Run;
   void check_agreement();
+  std::vector<std::int64_t> exchange_input_rows(Run& run, const std::vector<TensorList>& inputs);
   void run_action(Run& run, const Action& action);
   std::string where(const Action& action) const;
   void forward_action(Run& run, int stage, int mb);
