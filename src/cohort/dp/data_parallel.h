@@ -31,6 +31,44 @@
 // so a replica always runs the weights the optimizer left, and buffers (BatchNorm's
 // running statistics) come from replica 0, as in PyTorch. The modules' train/eval
 // modes are copied too.
+//
+// Note [Replicas made again]
+// PyTorch replicates the module at every call, so a module changed after the
+// DataParallel was built just works there. Here the replicas stay, so each forward
+// compares the module's parameters and buffers (names, shapes, dtypes, devices,
+// requires_grad) with what they were when the replicas were made; if anything
+// differs (a buffer or parameter registered late, module->to(kDouble), a parameter
+// frozen or unfrozen) the replicas are cloned again and their gradient edges laid
+// again before the forward. A forward whose module did not change pays one pass over
+// the tensors' metadata. LibTorch's clone() makes a module's tensors by calling its
+// reset() and copies the values in by name, so a tensor registered outside reset()
+// cannot be cloned (LibTorch refuses, and a Sequential's clone drops the tensors
+// registered on the Sequential itself): then the forward refuses with a ConfigError
+// naming the tensor, where indexing the replicas' shorter tensor lists used to read
+// past their end or crash.
+//
+// Note [One CPU generator per replica]
+// CPU replicas all run on the CPU, whose random generator is one for the process:
+// LibTorch 1.13 has no thread-local default generator, and dropout and the other
+// random operators draw from the default one with no way to pass another. Replica
+// threads drawing from it at once draw in an order set by the scheduler, so dropout
+// is not reproducible under a fixed seed, and a checkpointed segment (recompute/)
+// that captured the generator's state before another replica drew from it recomputes
+// with other masks. So, where two or more replicas are on the CPU, the calling thread
+// draws one seed per CPU replica from the default CPU generator (results depend on
+// the seed only), and each CPU replica runs its forward holding a process-wide lease
+// on the default CPU generator: it saves the generator's state, seeds it with its own
+// seed, runs, and puts the saved state back. The generator seen by the replica's
+// thread is then the replica's own, and recompute's capture and restore of "the CPU
+// generator" (Note [Recomputing exactly]) act on that one: its backward restores the
+// state captured inside the replica's forward, then the state it found. The cost: CPU
+// replicas run their forwards one at a time (each operator still uses the intra-op
+// thread pool), and a forward nested in a replica (a DataParallel inside a replica)
+// runs without leasing again, so its replicas are not reproducible. Other threads of
+// the program that draw from the default CPU generator during a forward draw from a
+// replica's stream, as they raced with the replicas before. CUDA replicas on distinct
+// devices each use their device's generator and need none of this; two replicas on
+// the same CUDA device still share its generator.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/arg.h>
@@ -63,23 +101,30 @@ class DataParallelBase {
   std::size_t replica_count() const { return replicas_.size(); }
   // Replica i (0 is the module itself), for inspection.
   const std::shared_ptr<torch::nn::Module>& replica(std::size_t i) const { return replicas_.at(i); }
-  // Copies the module's parameters and buffers into the replicas; forward() calls
-  // it first (Note [Replicas that stay]).
+  // Copies the module's parameters and buffers into the replicas, cloning them again
+  // first if the module changed; forward() calls it first (Note [Replicas that stay],
+  // Note [Replicas made again]).
   void synchronize();
 
  protected:
-  DataParallelBase(std::shared_ptr<torch::nn::Module> module, std::vector<std::shared_ptr<torch::nn::Module>> clones,
-                   DataParallelOptions options);
+  using MakeClones = std::function<std::vector<std::shared_ptr<torch::nn::Module>>()>;
+  // make_clones moves the module to devices[0] and clones it for devices[1..]; it is
+  // called again when the module changes (Note [Replicas made again]).
+  DataParallelBase(std::shared_ptr<torch::nn::Module> module, MakeClones make_clones, DataParallelOptions options);
   // Scatters `input`, runs forward_one(i, chunk) for each chunk on replica i's thread
   // (with the caller's grad mode and autocast), gathers the outputs.
   at::Tensor run(const at::Tensor& input, const std::function<at::Tensor(std::size_t, const at::Tensor&)>& forward_one);
 
  private:
+  void replicate();
   void link_gradients();
+  std::vector<std::string> layout() const;
 
+  std::shared_ptr<torch::nn::Module> primary_;  // the module, replica 0
+  MakeClones make_clones_;
   std::vector<std::shared_ptr<torch::nn::Module>> replicas_;
   DataParallelOptions options_;
-  std::vector<bool> linked_;  // per module parameter: requires_grad when the edges were laid
+  std::vector<std::string> layout_;  // the module's tensors when the replicas were made
 };
 
 // `ModuleHolder` is a LibTorch module holder (torch::nn::Sequential, or one made by
@@ -91,12 +136,13 @@ class DataParallel : public DataParallelBase {
 
  public:
   DataParallel(ModuleHolder module, DataParallelOptions options)
-      : DataParallelBase(module.ptr(), clones(module, options), options), module_(std::move(module)) {
-    for (std::size_t i = 0; i < replica_count(); ++i) typed_.push_back(std::dynamic_pointer_cast<Impl>(replica(i)));
-  }
+      : DataParallelBase(
+            module.ptr(), [module, options]() mutable { return clones(module, options); }, options),
+        module_(std::move(module)) {}
 
   at::Tensor forward(const at::Tensor& input) {
-    return run(input, [this](std::size_t i, const at::Tensor& x) { return typed_[i]->forward(x); });
+    // Replicas are clones of Impl (its Module base is virtual: dynamic_cast).
+    return run(input, [this](std::size_t i, const at::Tensor& x) { return dynamic_cast<Impl&>(*replica(i)).forward(x); });
   }
   at::Tensor operator()(const at::Tensor& input) { return forward(input); }
 
@@ -104,7 +150,7 @@ class DataParallel : public DataParallelBase {
   ModuleHolder& module() { return module_; }
 
  private:
-  static std::vector<std::shared_ptr<torch::nn::Module>> clones(ModuleHolder& module, DataParallelOptions& options) {
+  static std::vector<std::shared_ptr<torch::nn::Module>> clones(ModuleHolder& module, const DataParallelOptions& options) {
     if (options.devices().empty())
       throw ConfigError("cohort DataParallel: no devices; give one device per replica (e.g. {cpu, cpu})");
     module->to(options.devices()[0]);
@@ -122,7 +168,6 @@ class DataParallel : public DataParallelBase {
   }
 
   ModuleHolder module_;
-  std::vector<std::shared_ptr<Impl>> typed_;
 };
 
 }  // namespace cohort::dp

@@ -12,7 +12,9 @@
 // Note [Recomputing exactly]
 // The recomputation must redo what the forward did, bit for bit:
 //  * the random generators (CPU, and the inputs' CUDA device) are restored to their
-//    state before the forward, so dropout draws the same masks, and put back after;
+//    state before the forward, so dropout draws the same masks, and put back after
+//    (in a CPU DataParallel replica the CPU generator is the replica's own during its
+//    forward: Note [One CPU generator per replica] in dp/data_parallel.h);
 //  * autocast is set as it was during the forward (enabled flag and dtype, CPU and
 //    CUDA), whatever it is during backward;
 //  * modules' buffers (BatchNorm's running statistics and batch counter) are restored
