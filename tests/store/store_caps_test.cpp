@@ -208,4 +208,22 @@ TEST(StoreCaps, ClientSeesTheServersMessageNamingTheCap) {
   EXPECT_EQ(from_bytes(client->get("big")), "fits now");
 }
 
+// Note [Replies are sized first]: one stored key named many times in a MULTI_GET is
+// refused by the reply's size, summed before any value is copied (a 245-byte request
+// made the server build a gigabyte), with a message that says what to do; a reply
+// just under the cap is served.
+TEST(StoreCaps, AMultiGetIsSizedBeforeItsReplyIsBuilt) {
+  Table table(TableOptions().max_reply_bytes(1000));
+  EXPECT_EQ(apply(table, Request{Op::kSet, 0, {"k"}, {filled(100)}}).status, Status::kOk);
+  // 17 bytes of fields, 104 per value of 100 bytes.
+  const auto nine = apply(table, Request{Op::kMultiGet, 0, std::vector<std::string>(9, "k"), {}});
+  EXPECT_EQ(nine.status, Status::kOk);
+  EXPECT_EQ(nine.values.size(), 9u);
+  EXPECT_EQ(cohort::store::encode(nine).size(), 17u + 9 * 104);
+  const auto ten = apply(table, Request{Op::kMultiGet, 0, std::vector<std::string>(10, "k"), {}});
+  expect_refused(ten, "max_buffer_bytes", "k");
+  EXPECT_NE(text(ten).find("MULTI_GET of keys 'k' and 9 more"), std::string::npos) << text(ten);
+  EXPECT_NE(text(ten).find("fetch fewer keys at once"), std::string::npos) << text(ten);
+}
+
 }  // namespace

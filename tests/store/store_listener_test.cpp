@@ -3,14 +3,17 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "cohort/errors.h"
 #include "cohort/store/net.h"
+#include "cohort/store/server_loop.h"
 #include "cohort/store/store_client.h"
 #include "cohort/store/store_server.h"
 #include "store/raw_peer.h"
@@ -116,6 +119,49 @@ TEST(StoreListener, ASocketJoinedToItselfIsToldApartFromAServer) {
                                              cohort::store::net::Clock::now() + std::chrono::seconds(10), error);
   ASSERT_TRUE(fd) << error;
   EXPECT_FALSE(cohort::store::net::connected_to_itself(fd.get()));
+}
+
+// Note [Out of descriptors]: at the open-files limit the store says why it stops
+// accepting (once, not once per retry), keeps its loop alive, and takes the waiting
+// peers as soon as descriptors free up.
+TEST(StoreListener, OutOfDescriptorsIsReportedOnceAndServingGoesOn) {
+  StoreServer server{StoreServerOptions(kToken)};
+  cohort::store::StoreClient early("127.0.0.1", server.port(), kToken, std::chrono::seconds(10));
+  early.set("k", std::vector<std::uint8_t>{7});
+  testing::internal::CaptureStderr();
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  int top = 0;
+  for (int fd : open_fds()) top = std::max(top, fd);
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(top + 16);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  // The socket is made before the descriptors run out, and connects after: its
+  // connection then waits in the backlog for an accept() that fails.
+  const int waiting = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(waiting, 0);
+  std::vector<int> hogs;
+  for (int fd; (fd = ::fcntl(0, F_DUPFD_CLOEXEC, 0)) >= 0;) hogs.push_back(fd);
+  const int hog_errno = errno;
+  auto address = cohort::testing::ipv4("127.0.0.1", server.port());
+  EXPECT_EQ(::connect(waiting, reinterpret_cast<sockaddr*>(&address), sizeof address), 0) << std::strerror(errno);
+  // Several accept() retries (every kAcceptBackoff) fail meanwhile.
+  std::this_thread::sleep_for(4 * cohort::store::kAcceptBackoff);
+  for (int fd : hogs) ::close(fd);
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  EXPECT_EQ(hog_errno, EMFILE);
+  // The store still serves: the connection it had, and a new one.
+  EXPECT_EQ(early.get("k"), std::vector<std::uint8_t>{7});
+  cohort::store::StoreClient later("127.0.0.1", server.port(), kToken, std::chrono::seconds(10));
+  EXPECT_EQ(later.get("k"), std::vector<std::uint8_t>{7});
+  ::close(waiting);
+  const auto err = testing::internal::GetCapturedStderr();
+  const std::string headline = "cannot accept connections: accept(): Too many open files";
+  const auto first = err.find(headline);
+  ASSERT_NE(first, std::string::npos) << err;
+  EXPECT_EQ(err.find(headline, first + 1), std::string::npos) << "reported more than once:\n" << err;
+  EXPECT_NE(err.find("RLIMIT_NOFILE: soft " + std::to_string(top + 16)), std::string::npos) << err;
+  EXPECT_NE(err.find("accepts connections again"), std::string::npos) << err;
 }
 
 TEST(StoreListener, NonsenseOptionsAreConfigErrors) {

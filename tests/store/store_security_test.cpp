@@ -2,6 +2,7 @@
 // dropped and counted while the server keeps serving; nothing secret is readable on
 // the wire; the listener is where it was told to be.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <ifaddrs.h>
 
 #include <openssl/ssl.h>
@@ -252,6 +253,41 @@ TEST(StoreSecurity, AFullTableOfPendingPeersEvictsTheOldestNotTheNewcomer) {
   EXPECT_EQ(w.server.refused(), 2);
   for (int fd : idle) ::close(fd);
   ::close(extra);
+}
+
+// A blocking TCP connection to 127.0.0.1:port from the loopback address `source`.
+int connect_from(int port, const std::string& source) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  auto local = cohort::testing::ipv4(source, 0);
+  auto remote = cohort::testing::ipv4("127.0.0.1", port);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof remote) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Note [Pending handshakes under a flood]: with the table full of sources that hold
+// one pending peer each, the oldest goes, whatever its address. (Ties went against
+// the lowest-sorting address: a flood from addresses after 127.0.0.1 evicted the
+// job's own peer from 127.0.0.1 again and again.)
+TEST(StoreSecurity, EvictionTiesBetweenSourcesGoAgainstTheOldestNotAnAddress) {
+  Watched w(StoreServerOptions(kToken).handshake_timeout(60s));
+  std::vector<int> flood;
+  for (std::size_t i = 0; i < cohort::store::kMaxPendingHandshakes; ++i) {
+    flood.push_back(connect_from(w.server.port(), fmt::format("127.0.{}.{}", 1 + i / 250, 1 + i % 250)));
+    ASSERT_GE(flood.back(), 0) << std::strerror(errno);
+  }
+  const int ours = connect_from(w.server.port(), "127.0.0.1");  // sorts before every flood address
+  EXPECT_TRUE(closed_by_peer(flood[0])) << "the oldest pending peer was kept";
+  const int more = connect_from(w.server.port(), "127.0.9.1");
+  EXPECT_TRUE(closed_by_peer(flood[1])) << "the oldest pending peer was kept";
+  EXPECT_FALSE(closed_by_peer(ours, 300ms)) << "a tie went against the lowest-sorting address:\n" << w.all_reasons();
+  EXPECT_EQ(w.refusals_reaching(2), 2);
+  for (int fd : flood) ::close(fd);
+  ::close(ours);
+  ::close(more);
 }
 
 TEST(StoreSecurity, ForgedRecordsCloseTheConnection) {

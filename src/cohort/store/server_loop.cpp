@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -21,7 +22,10 @@ ServerLoop::ServerLoop(StoreServerOptions options, net::Fd listener, net::Fd wak
       tls_(tls::Role::kServer, options_.token(), options_.certificates()),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
-      table_(TableOptions().max_value_bytes(options_.max_value_bytes()).max_table_bytes(options_.max_table_bytes())) {}
+      table_(TableOptions()
+                 .max_value_bytes(options_.max_value_bytes())
+                 .max_table_bytes(options_.max_table_bytes())
+                 .max_reply_bytes(std::min(kMaxFramePayload, options_.max_buffer_bytes() - kFrameHeaderSize))) {}
 
 ServerLoop::~ServerLoop() = default;
 
@@ -86,12 +90,20 @@ void ServerLoop::accept_some() {
     net::Fd fd(::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&address), &size,
                          SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      // Out of descriptors or memory: the listener would stay readable and spin the
-      // loop, so stop accepting for a moment instead.
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      // Note [Out of descriptors]: the listener would stay readable and spin the loop,
+      // so stop accepting for a moment instead, and say so once per burst.
+      if (err != EAGAIN && err != EWOULDBLOCK) {
+        accept_paused_until_ = Clock::now() + kAcceptBackoff;
+        if (!accept_failing_) report_accept_failure(err);
+        accept_failing_ = true;
+      }
       return;
+    }
+    if (accept_failing_) {
+      accept_failing_ = false;
+      std::cerr << "cohort: the key-value store accepts connections again" << std::endl;
     }
     auto peer = net::address_name(address);
     auto source = peer.substr(0, peer.rfind(':'));
@@ -105,6 +117,32 @@ void ServerLoop::accept_some() {
     c->handshake_deadline = c->accepted_at + options_.handshake_timeout();
     connections_.push_back(std::move(c));
   }
+}
+
+// Note [Out of descriptors]: at its open-files limit (EMFILE) the store cannot take a
+// connection; peers then wait in the listen backlog and give up with a timeout that
+// blames the store's host. The hosting agent raises its soft limit to the hard one at
+// start (raise_open_files_limit in launcher/worker_process.h); should it still run out,
+// the store says so loudly, naming the limit and the fix, keeps serving the
+// connections it has, and retries every kAcceptBackoff.
+void ServerLoop::report_accept_failure(int err) {
+  rlimit limit{};
+  std::string limits = "unknown";
+  auto text = [](rlim_t v) { return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(v); };
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0)
+    limits = fmt::format("soft {}, hard {}", text(limit.rlim_cur), text(limit.rlim_max));
+  std::string fix =
+      err == EMFILE
+          ? fmt::format("raise the open-files limit of the hosting process (RLIMIT_NOFILE: {}), e.g. `ulimit -n` "
+                        "in its shell or LimitNOFILE= in its systemd unit; each worker holds about 2 connections",
+                        limits)
+      : err == ENFILE ? std::string("the whole system is out of file descriptors (fs.file-max); close some or raise it")
+                      : std::string("free memory or descriptors on the store's host");
+  std::cerr << fmt::format("cohort: the key-value store cannot accept connections: accept(): {}; it keeps serving "
+                           "the {} it has and retries every {} ms, while new peers wait\n  fix: {}",
+                           std::strerror(err), connections_.size(),
+                           std::chrono::duration_cast<std::chrono::milliseconds>(kAcceptBackoff).count(), fix)
+            << std::endl;
 }
 
 namespace {
@@ -122,21 +160,24 @@ void ServerLoop::make_room_for(const std::string& source) {
     ++per_source[c->source];
     ++pending;
   }
-  std::string victim_source;
+  // Among the sources that hold the most pending slots, the oldest pending peer goes:
+  // a tie is never decided by how an address sorts, which a flood could choose so
+  // that the job's own hosts always lose (Note [Pending handshakes under a flood]).
+  std::size_t most = 0;
   if (per_source[source] >= kMaxPendingPerSource) {
-    victim_source = source;
+    most = per_source[source];
   } else if (pending >= kMaxPendingHandshakes) {
-    victim_source = std::max_element(per_source.begin(), per_source.end(), [](auto& a, auto& b) {
-                      return a.second < b.second;
-                    })->first;
+    for (const auto& [name, count] : per_source) most = std::max(most, count);
   } else {
     return;
   }
+  const bool own_source = per_source[source] >= kMaxPendingPerSource;
   Connection* oldest = nullptr;
   for (auto& c : connections_) {
-    if (!is_pending(*c) || c->source != victim_source) continue;
+    if (!is_pending(*c) || (own_source ? c->source != source : per_source[c->source] != most)) continue;
     if (!oldest || c->accepted_at < oldest->accepted_at) oldest = c.get();
   }
+  const std::string victim_source = oldest ? oldest->source : source;
   if (oldest)
     refuse(*oldest,
            fmt::format("evicted to make room: {} peers were mid-handshake ({} from {}); the newest are kept", pending,

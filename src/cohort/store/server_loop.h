@@ -23,8 +23,10 @@ namespace cohort::store {
 // reaches the port can open such peers faster than they expire, so a full table must
 // never turn the newcomer away: it would be the job's own agent or worker as often as
 // not. Instead the newcomer is always taken, and room is made by evicting the
-// oldest pending peer of the source address holding the most pending slots (of its
-// own source first, once that source holds kMaxPendingPerSource). A peer that holds
+// oldest pending peer of the source addresses holding the most pending slots (of its
+// own source first, once that source holds kMaxPendingPerSource). Ties between
+// sources go against the oldest peer, never by how an address sorts: a flood from
+// many addresses could otherwise pick addresses that sort after the job's hosts. A peer that holds
 // the token answers within a round trip, long before 64 newer peers can push it out,
 // because the loop accepts at most kAcceptsPerRound peers between two reads of the
 // pending ones. An evicted peer that holds the token reconnects (StoreClient retries
@@ -37,6 +39,9 @@ inline constexpr int kAcceptsPerRound = 16;
 // With certificates, what a peer may send before it has proved the token: one PROVE
 // request is under 100 bytes.
 inline constexpr std::size_t kBeforeProofBytes = 4096;
+// Out of descriptors: how long accepting pauses before the next try (Note [Out of
+// descriptors] in server_loop.cpp).
+inline constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
 // Note [Buffers per connection]: a client has one request in flight per connection
 // and reads each reply before it sends the next request. So the server never needs
@@ -99,6 +104,7 @@ class ServerLoop {
  private:
   void accept_some();
   void make_room_for(const std::string& source);
+  void report_accept_failure(int err);
   void on_readable(Connection& c);
   void start_tls(Connection& c);
   void continue_handshake(Connection& c);
@@ -124,6 +130,7 @@ class ServerLoop {
   std::uint64_t settled_generation_ = 0;
   std::vector<std::unique_ptr<Connection>> connections_;
   net::Clock::time_point accept_paused_until_{};
+  bool accept_failing_ = false;  // reported; cleared by the next accept that works
   std::atomic<std::int64_t> refused_{0};
 };
 

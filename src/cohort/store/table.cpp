@@ -164,6 +164,20 @@ std::optional<Reply> Table::apply(const Request& request) {
     }
     case Op::kMultiGet: {
       if (!missing(keys).empty()) return std::nullopt;
+      // Note [Replies are sized first]: one stored key named N times would make the
+      // server copy N values (a 245-byte request, a gigabyte) before the reply's
+      // size was looked at. The size is summed from the table instead, and a reply
+      // over the cap is an error that copies nothing.
+      std::size_t reply_bytes = 1 + 8 + 4 + 4;  // status, number, no keys, the values' count
+      for (const auto& k : keys) {
+        reply_bytes += 4 + map_.at(k).size();
+        if (reply_bytes > options_.max_reply_bytes()) break;
+      }
+      if (reply_bytes > options_.max_reply_bytes())
+        return error(fmt::format("cohort: a MULTI_GET of {} would need a reply of more than {} bytes, over the "
+                                 "store's limit of {} bytes per reply (StoreServerOptions::max_buffer_bytes); fetch "
+                                 "fewer keys at once",
+                                 shown(keys), options_.max_reply_bytes(), options_.max_reply_bytes()));
       std::vector<Bytes> out;
       out.reserve(keys.size());
       for (const auto& k : keys) out.push_back(map_.at(k));

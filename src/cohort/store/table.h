@@ -38,6 +38,9 @@ struct TableOptions {
   TORCH_ARG(std::size_t, max_value_bytes) = kDefaultMaxValueBytes;
   // The most the table may hold in all: keys' and values' lengths summed.
   TORCH_ARG(std::size_t, max_table_bytes) = kDefaultMaxTableBytes;
+  // The longest reply payload: a MULTI_GET whose reply would be longer is refused
+  // before any value is copied (Note [Replies are sized first]).
+  TORCH_ARG(std::size_t, max_reply_bytes) = kMaxFramePayload;
 };
 
 class Table {
