@@ -114,6 +114,28 @@ TEST(DynamicRendezvous, ANodeWithoutHeartbeatsIsDroppedByTheOthers) {
   EXPECT_EQ(s.participants.count("b"), 0u);
 }
 
+// Note [A finished round that lost a node]: rank 1 of a finished round of two, whose
+// rank 0 was dropped, gets a fresh round (it crashed in vector::at before).
+TEST(DynamicRendezvous, ASurvivorOfAFinishedRoundThatLostANodeJoinsAFreshRound) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto settings = quick(1, 2);
+  const auto rounds = join_all(store, {"a", "b"}, settings);
+  ASSERT_EQ(rounds.at(0).world_size, 2);
+  DynamicRendezvous b(store, "job", "b", settings);
+  std::vector<std::string> dropped;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (dropped.empty() && std::chrono::steady_clock::now() < deadline) {
+    dropped = b.keep_alive();  // only b beats
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(dropped, std::vector<std::string>{"a"});
+  const auto again = b.next_round();
+  EXPECT_EQ(again.round, 1);
+  EXPECT_EQ(again.world_size, 1);
+  EXPECT_EQ(again.rank, 0);
+  EXPECT_EQ(again.nodes, std::vector<std::string>{"b"});
+}
+
 TEST(DynamicRendezvous, JobsWithDifferentIdsShareAStoreWithoutMeeting) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   DynamicRendezvous one(store, "one", "a", quick(1, 2));

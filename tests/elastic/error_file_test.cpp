@@ -40,6 +40,25 @@ TEST(ErrorFile, RoundTripAndForeignFiles) {
   fs::remove_all(dir);
 }
 
+// Note [Bounded error files]: a huge message (64 MiB crashed the agent) is read as a
+// bounded prefix that says it was truncated; one just under the bound is whole.
+TEST(ErrorFile, AnOversizedFileIsReadAsABoundedPrefixThatSaysSo) {
+  auto dir = temp_dir();
+  const auto path = (dir / "error.json").string();
+  ASSERT_TRUE(write_error_file(path, {std::string(3 * kMaxErrorFileBytes, 'x'), "d", 7}));
+  const auto big = read_error_file(path);
+  ASSERT_TRUE(big);
+  EXPECT_LT(big->message.size(), kTruncatedPrefixBytes + 1024);
+  EXPECT_NE(big->message.find("truncated"), std::string::npos) << big->message.substr(0, 300);
+  EXPECT_NE(big->message.find(std::to_string(fs::file_size(path)) + " bytes"), std::string::npos)
+      << big->message.substr(0, 300);
+  EXPECT_NE(big->message.find(R"({"message":{)"), std::string::npos) << "the file's own beginning is shown";
+  const std::string fits(kMaxErrorFileBytes - 200, 'y');
+  ASSERT_TRUE(write_error_file(path, {fits, "d", 7}));
+  EXPECT_EQ(read_error_file(path)->message, fits);
+  fs::remove_all(dir);
+}
+
 TEST(ErrorFile, RecordWritesTheFileAndReturnsOne) {
   auto dir = temp_dir();
   auto path = (dir / "error.json").string();

@@ -307,6 +307,16 @@ TEST(RendezvousConf, BadValuesNameTheKey) {
   EXPECT_NE(message("keep_alive_max_heartbeats=0").find("keep_alive_max_heartbeats=0"), std::string::npos);
   EXPECT_NE(message("timeout=5").find("unknown key 'timeout'"), std::string::npos);
   EXPECT_NE(message("join_timeout").find("KEY=VALUE"), std::string::npos);
+  // Note [rdzv-conf ranges]: nothing infinite, nothing that rounds to 0 ms.
+  EXPECT_NE(message("join_timeout=inf").find("join_timeout=inf: at most a week"), std::string::npos);
+  EXPECT_NE(message("join_timeout=1e300").find("join_timeout=1e300: at most a week"), std::string::npos);
+  EXPECT_NE(message("close_timeout=nan").find("close_timeout=nan: must be positive"), std::string::npos);
+  EXPECT_NE(message("keep_alive_interval=0.0001").find("keep_alive_interval=0.0001: at least 0.1 s"),
+            std::string::npos);
+  EXPECT_NE(message("keep_alive_interval=0.001").find("at least 0.1 s"), std::string::npos);
+  EXPECT_EQ(parse_rdzv_conf("keep_alive_interval=0.1", RendezvousSettings(1, 2)).keep_alive_interval(), Millis(100));
+  EXPECT_EQ(parse_rdzv_conf("last_call_timeout=0.0001", RendezvousSettings(1, 2)).last_call_timeout(), Millis(1));
+  EXPECT_EQ(parse_rdzv_conf("join_timeout=604800", RendezvousSettings(1, 2)).join_timeout(), Millis(604'800'000));
 }
 
 }  // namespace

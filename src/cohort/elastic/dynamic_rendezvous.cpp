@@ -56,17 +56,39 @@ RendezvousState DynamicRendezvous::update(const std::function<bool(RendezvousSta
   }
 }
 
+namespace {
+// Note [A finished round that lost a node]: a node dropped from a complete round
+// (its heartbeats stopped) leaves the others with the ranks of the full round, e.g.
+// rank 1 of a round that now has one node. Such a round cannot be handed out: a
+// participant that finds it leaves it and joins again, so the round reopens as
+// soon as its last member has left (the next round number), with ranks 0..n-1.
+bool ranks_are_whole(const RendezvousState& s) {
+  std::vector<bool> seen(s.participants.size(), false);
+  for (const auto& [node, rank] : s.participants) {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= seen.size() || seen[static_cast<std::size_t>(rank)]) return false;
+    seen[static_cast<std::size_t>(rank)] = true;
+  }
+  return true;
+}
+}  // namespace
+
 Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
   const Millis deadline = steady_now() + settings_.join_timeout();
   while (true) {
     JoinAction action = JoinAction::kWait;
+    bool rejoin = false;
     const auto state = update([&](RendezvousState& s) {
       const auto mono = steady_now(), wall = wall_now();
       drop_dead_nodes(s, watch_, mono, settings_);
       action = next_join_action(s, node_, wall, mono >= deadline, settings_);
-      apply(s, action, node_, wall, settings_);
+      rejoin = action == JoinAction::kFinish && !ranks_are_whole(s);
+      if (rejoin)
+        elastic::leave(s, node_, settings_);  // Note [A finished round that lost a node]
+      else
+        apply(s, action, node_, wall, settings_);
       return true;
     });
+    if (rejoin) continue;
     switch (action) {
       case JoinAction::kFinish: {
         Round r;

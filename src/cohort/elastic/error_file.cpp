@@ -4,6 +4,8 @@
 #include <cxxabi.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -50,12 +52,29 @@ bool write_error_file(const std::string& path, const ErrorRecord& record) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
+// Note [Bounded error files]: the file is the worker's, and its size is not ours to
+// trust. The agent reads at most kMaxErrorFileBytes of it: a bigger one (it crashed
+// the agent when the store refused its failure record over 64 MiB) is not parsed, and
+// its message says so, with the first kTruncatedPrefixBytes as written.
 std::optional<ErrorRecord> read_error_file(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
+  in.seekg(0, std::ios::end);
+  const auto end = in.tellg();
+  in.seekg(0, std::ios::beg);
+  const std::uint64_t size = end < 0 ? 0 : static_cast<std::uint64_t>(end);
+  ErrorRecord r;
+  if (size > kMaxErrorFileBytes) {
+    std::string prefix(kTruncatedPrefixBytes, '\0');
+    in.read(prefix.data(), static_cast<std::streamsize>(prefix.size()));
+    prefix.resize(static_cast<std::size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+    r.message = "(truncated: the error file " + path + " holds " + std::to_string(size) +
+                " bytes, more than the " + std::to_string(kMaxErrorFileBytes) +
+                " the launcher reads; its first " + std::to_string(prefix.size()) + " bytes follow) " + prefix;
+    return r;
+  }
   std::stringstream buf;
   buf << in.rdbuf();
-  ErrorRecord r;
   try {
     auto j = nlohmann::json::parse(buf.str());
     const auto& m = j.at("message");

@@ -10,6 +10,7 @@
 //   int main(int argc, char** argv) {
 //     return cohort::elastic::record([&] { return train(argc, argv); });
 //   }
+#include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
@@ -30,8 +31,14 @@ int record(const std::function<int()>& body);
 // could not be written; never throws.
 bool write_error_file(const std::string& path, const ErrorRecord& record);
 
+// The most of an error file the launcher reads, and how much of a bigger one its
+// message shows (Note [Bounded error files] in error_file.cpp).
+inline constexpr std::size_t kMaxErrorFileBytes = std::size_t{1} << 20;
+inline constexpr std::size_t kTruncatedPrefixBytes = 4096;
+
 // Reads a torchelastic error file. nullopt if absent; a file that is not the
-// expected JSON yields its raw text as the message.
+// expected JSON yields its raw text as the message; one over kMaxErrorFileBytes is
+// not parsed: its message says it was truncated and shows its beginning.
 std::optional<ErrorRecord> read_error_file(const std::string& path);
 
 std::string to_json(const ErrorRecord& record);

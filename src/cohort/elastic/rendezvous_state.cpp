@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -34,7 +35,13 @@ void after_participant_removed(RendezvousState& state, const RendezvousSettings&
   }
 }
 
-Millis seconds(const std::string& key, const std::string& value) {
+// Note [rdzv-conf ranges]: every duration is a finite number of seconds, > 0 and at
+// most a week (as --join-timeout), taken to the millisecond rounding up, so none
+// becomes 0 or overflows a deadline. keep_alive_interval is at least
+// kMinKeepAliveInterval: every heartbeat is a write to the store that wakes each
+// waiting agent, and below that a node on a busy host is declared dead between two of
+// its own beats.
+Millis seconds(const std::string& key, const std::string& value, double at_least = 0) {
   std::size_t used = 0;
   double s = 0;
   try {
@@ -50,7 +57,18 @@ Millis seconds(const std::string& key, const std::string& value) {
                                   "cohort bounds every wait)",
                                   key, value));
   }
-  return Millis(static_cast<std::int64_t>(s * 1000.0 + 0.5));
+  constexpr double kWeek = 7 * 24 * 3600.0;
+  if (!(s <= kWeek)) {
+    throw ConfigError(fmt::format("--rdzv-conf {}={}: at most a week ({} s); cohort bounds every wait, give a "
+                                  "finite number of seconds",
+                                  key, value, static_cast<long>(kWeek)));
+  }
+  if (s < at_least) {
+    throw ConfigError(fmt::format("--rdzv-conf {}={}: at least {} s (every heartbeat is a write to the store; "
+                                  "torchrun's default is 5)",
+                                  key, value, at_least));
+  }
+  return Millis(static_cast<std::int64_t>(std::ceil(s * 1000.0)));
 }
 
 int positive_count(const std::string& key, const std::string& value) {
@@ -87,7 +105,7 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
     } else if (key == "close_timeout") {
       base.close_timeout(seconds(key, value));
     } else if (key == "keep_alive_interval") {
-      base.keep_alive_interval(seconds(key, value));
+      base.keep_alive_interval(seconds(key, value, kMinKeepAliveInterval));
     } else if (key == "keep_alive_max_heartbeats" || key == "keep_alive_max_attempt") {
       base.keep_alive_max_missed(positive_count(key, value));
     } else if (key == "worker_store") {

@@ -75,9 +75,13 @@ struct RendezvousSettings {
   TORCH_ARG(WorkerStore, worker_store) = WorkerStore::kCohort;
 };
 
+// The shortest --rdzv-conf keep_alive_interval, in seconds (Note [rdzv-conf ranges]).
+inline constexpr double kMinKeepAliveInterval = 0.1;
+
 // Reads torchrun's --rdzv-conf ("join_timeout=900,last_call_timeout=10,...", seconds;
 // and cohort's worker_store=cohort|tcpstore) into `base`. Throws cohort::ConfigError naming the key for an unknown key, a value
-// that is not a number, or one that is not positive (c10d took 0 to mean "never").
+// that is not a number, one that is not positive (c10d took 0 to mean "never"), not
+// finite or over a week, or a keep_alive_interval under kMinKeepAliveInterval.
 RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings base);
 
 // The keys `conf` sets, in order (for the static launcher, which takes only
