@@ -3,16 +3,28 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cohort/launcher/agent.h"
 #include "cohort/launcher/failure.h"
 #include "cohort/launcher/line_splitter.h"
 #include "cohort/launcher/output_router.h"
 #include "cohort/launcher/signal_pipe.h"
 #include "cohort/launcher/static_rendezvous.h"
 #include "cohort/launcher/worker_env.h"
+#include "cohort/launcher/worker_group.h"
+#include "support/subprocess.h"
+#include "cohort/launcher/worker_process.h"
 
 namespace {
 using namespace cohort::launcher;
@@ -100,9 +112,143 @@ TEST(WorkerEnv, LauncherOwnedVariablesAreCleared) {
                                    {"COHORT_STORE_PREFIX", "/cohort/outer/round_0/worker"},
                                    {"COHORT_RDZV_TOKEN", "outer-job-token-0123456789"},
                                    {"COHORT_CONSOLE_TTY", "1"},
+                                   {"PET_RDZV_TOKEN", "outer-job-token-0123456789"},
+                                   {"PET_NNODES", "2"},
                                    {"PATH", "/bin"}};
   auto base = without_launcher_variables(outer);
-  EXPECT_EQ(base, (cohort::comm::EnvMap{{"PATH", "/bin"}}));
+  EXPECT_EQ(base, (cohort::comm::EnvMap{{"PATH", "/bin"}, {"PET_NNODES", "2"}}));
+}
+
+// What a worker prints on stdout (bounded: the worker exits at once).
+std::string worker_stdout(const SpawnRequest& request) {
+  auto w = WorkerProcess::spawn(request);
+  std::string out;
+  char buf[256];
+  for (ssize_t n; (n = ::read(w.stdout_fd(), buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(w.stdout_fd());
+  ::close(w.stderr_fd());
+  ::waitpid(w.pid(), nullptr, 0);
+  return out;
+}
+
+// Note [Open files limit]: the launcher runs at the hard limit, its workers at the
+// soft limit it was started with.
+TEST(OpenFilesLimit, TheLauncherTakesTheHardLimitAndWorkersKeepTheirs) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max <= 256) GTEST_SKIP() << "hard limit too low to lower under";
+  rlimit low = saved;
+  low.rlim_cur = 256;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  const rlim_t now = raise_open_files_limit();
+  rlimit raised{};
+  ::getrlimit(RLIMIT_NOFILE, &raised);
+  const auto in_worker = worker_stdout({"/bin/sh", {"-c", "ulimit -n"}, {{"PATH", "/bin:/usr/bin"}}});
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  EXPECT_EQ(raised.rlim_cur, raised.rlim_max);
+  EXPECT_EQ(now, raised.rlim_max);
+  EXPECT_EQ(in_worker, "256\n");
+}
+
+std::filesystem::path make_temp_dir() {
+  char tmpl[] = "/tmp/cohort-pieces-XXXXXX";
+  return ::mkdtemp(tmpl);
+}
+
+// Note [The run directory]: 0700, as torchrun's, with --log-dir or without.
+TEST(RunDirectory, OnlyItsOwnerMayEnterIt) {
+  const auto base = make_temp_dir();
+  RunOptions kept;
+  kept.log_dir = (base / "logs").string();
+  std::filesystem::path temp_path;
+  {
+    RunDirectory logged(kept, "job");
+    RunDirectory temporary(RunOptions{}, "job");
+    temp_path = temporary.path();
+    for (const auto* d : {&logged, &temporary}) {
+      struct stat st {};
+      ASSERT_EQ(::stat(d->path().c_str(), &st), 0) << d->path();
+      EXPECT_EQ(st.st_mode & 0777, 0700u) << d->path();
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(temp_path)) << "the temporary one is removed";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(base / "logs"), {}), 1) << "the --log-dir one is kept";
+  std::ofstream(base / "file") << "x";
+  RunOptions bad;
+  bad.log_dir = (base / "file" / "logs").string();
+  EXPECT_THROW(RunDirectory::check_log_dir(bad), UsageError);
+  std::filesystem::remove_all(base);
+}
+
+// Note [Logs never stop the job]: an attempt whose log folder cannot be made (a full
+// disk; here a file where a folder should be) runs with the console only, even under
+// --redirects 3, and says so.
+TEST(WorkerGroup, AnAttemptWhoseLogFolderCannotBeMadeRunsWithTheConsoleOnly) {
+  const auto base = make_temp_dir();
+  std::ofstream(base / "blocker") << "x";
+  RunOptions o;
+  o.redirects = parse_stream_selection("3", "--redirects");
+  o.stdout_is_tty = o.stderr_is_tty = false;
+  o.program_args = {"-c", "echo hello; echo oops >&2; test -z \"$TORCHELASTIC_ERROR_FILE$COHORT_REPORT_FILE\""};
+  int signals[2];
+  ASSERT_EQ(::pipe2(signals, O_NONBLOCK | O_CLOEXEC), 0);
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  AttemptResult result;
+  try {
+    WorkerGroup group(o, {{"PATH", "/bin:/usr/bin"}}, "/bin/sh", Assignment{}, 1,
+                      AttemptContext{"127.0.0.1", 1, 1, "job", {}}, base / "blocker" / "attempt_1", signals[0]);
+    result = group.monitor();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the attempt did not run: " << e.what();
+  }
+  const auto out = testing::internal::GetCapturedStdout();
+  const auto err = testing::internal::GetCapturedStderr();
+  ::close(signals[0]);
+  ::close(signals[1]);
+  std::filesystem::remove_all(base);
+  EXPECT_TRUE(result.success) << err;
+  EXPECT_NE(out.find("[rank0]: hello"), std::string::npos) << out;
+  EXPECT_NE(err.find("[rank0]: oops"), std::string::npos) << err;
+  EXPECT_NE(err.find("warning: cannot create the attempt's log folder"), std::string::npos) << err;
+}
+
+// Note [No orphans]: an agent killed by kill -9 takes its workers' children with it
+// (a wrapper script's trainer), through the reaper. PDEATHSIG alone kills only the
+// worker itself; its `sleep` lived on.
+TEST(NoOrphans, AWorkersChildDiesWithAnAgentKilledByKill9) {
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  const pid_t agent = ::fork();
+  ASSERT_GE(agent, 0);
+  if (agent == 0) {  // the agent: the reaper, then a worker that is a wrapper script
+    ::close(report[0]);
+    start_orphan_reaper();
+    auto w = WorkerProcess::spawn({"/bin/sh", {"-c", "sleep 60 & echo $!; wait"}, {{"PATH", "/bin:/usr/bin"}}});
+    char buf[64];
+    const ssize_t n = ::read(w.stdout_fd(), buf, sizeof buf);
+    if (n > 0 && ::write(report[1], buf, static_cast<std::size_t>(n)) != n) ::_exit(1);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  std::string line;
+  pollfd p{report[0], POLLIN, 0};
+  char buf[64];
+  ssize_t n = 0;
+  if (::poll(&p, 1, 10'000) == 1) n = ::read(report[0], buf, sizeof buf);
+  ::close(report[0]);
+  if (n > 0) line.assign(buf, static_cast<std::size_t>(n));
+  ::kill(agent, SIGKILL);
+  ::waitpid(agent, nullptr, 0);
+  ASSERT_FALSE(line.empty()) << "the worker did not report its child";
+  const pid_t trainer = static_cast<pid_t>(std::stol(line));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (!cohort::testing::process_gone(trainer) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const bool gone = cohort::testing::process_gone(trainer);
+  if (!gone) ::kill(trainer, SIGKILL);
+  EXPECT_TRUE(gone) << "the worker's child outlived the agent";
 }
 
 TEST(SignalPipe, ChildExitsAreNotStopRequests) {

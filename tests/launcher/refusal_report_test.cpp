@@ -48,3 +48,20 @@ TEST(RefusalReport, AFewRefusalsAreEachNamedAndNothingIsAddedAtTheEnd) {
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_NE(lines[1].find("peer b"), std::string::npos);
 }
+
+// Note [Not TLS is not a diagnosis]: a port scan looks like a stock c10d client; the
+// hint must not make the unauthenticated store the fix, and lists it last.
+TEST(RefusalReport, TheNotTlsHintPutsTheAuthenticatedWaysFirst) {
+  const std::string hint = cohort::launcher::kNotTlsHint;
+  const auto scan = hint.find("port scan");
+  const auto world = hint.find("World::init()");
+  const auto client = hint.find("StoreClient");
+  const auto plain = hint.find("worker_store=tcpstore");
+  ASSERT_NE(scan, std::string::npos) << hint;
+  ASSERT_NE(world, std::string::npos) << hint;
+  ASSERT_NE(client, std::string::npos) << hint;
+  ASSERT_NE(plain, std::string::npos) << hint;
+  EXPECT_LT(world, plain);
+  EXPECT_LT(client, plain);
+  EXPECT_NE(hint.find("unauthenticated", plain), std::string::npos) << hint;
+}

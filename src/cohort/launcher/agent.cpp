@@ -1,6 +1,7 @@
 #include "cohort/launcher/agent.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <torch/cuda.h>
@@ -20,6 +21,7 @@
 #include "cohort/launcher/static_rendezvous.h"
 #include "cohort/launcher/worker_env.h"
 #include "cohort/launcher/worker_group.h"
+#include "cohort/launcher/worker_process.h"
 #include "cohort/util/host.h"
 #include "cohort/util/parse.h"
 
@@ -78,56 +80,61 @@ HostResources detect_resources() {
   return r;
 }
 
-namespace {
+// Note [The run directory]: the folder of per-attempt error files and logs, under
+// --log-dir when given (kept), else a temporary one removed however the run ends.
+// Only its owner may enter it (0700, as torchrun's mkdtemp): worker logs and error
+// files hold whatever the program prints. It is made once the static rendezvous is
+// over, so that a SIGINT during the rendezvous (which still ends the launcher by the
+// default action) leaves no folder behind; check_log_dir() reports a bad --log-dir
+// before anything starts.
+void RunDirectory::check_log_dir(const RunOptions& options) {
+  if (options.log_dir.empty()) return;
+  std::error_code ec;
+  fs::create_directories(options.log_dir, ec);
+  if (!ec && ::access(options.log_dir.c_str(), W_OK | X_OK) != 0) ec = std::error_code(errno, std::generic_category());
+  if (ec)
+    throw UsageError(fmt::format("--log-dir {}: cannot create or write it: {}; give a writable directory",
+                                 options.log_dir, ec.message()));
+}
 
-// The folder of per-attempt error files and logs: under --log-dir when given (kept),
-// else a temporary one removed however the run ends.
-class RunDirectory {
- public:
-  RunDirectory(const RunOptions& options, const std::string& run_id)
-      : keep_(!options.log_dir.empty() || options.redirects.any() || options.tee.any()) {
-    std::error_code ec;
-    if (!options.log_dir.empty()) {
-      fs::create_directories(options.log_dir, ec);
-      path_ = fs::path(options.log_dir) / (run_id + "_" + random_id());
-    } else {
-      path_ = fs::temp_directory_path() / ("cohort-run-" + run_id + "-" + random_id());
-    }
-    // Workers may change directory before they write TORCHELASTIC_ERROR_FILE, and the
-    // launcher's messages name the folder: both need the absolute path.
-    if (!ec) path_ = fs::absolute(path_, ec);
-    if (!ec) fs::create_directories(path_, ec);
-    if (ec)
-      throw UsageError(fmt::format("--log-dir {}: cannot create {}: {}; give a writable directory",
-                                   options.log_dir.empty() ? fs::temp_directory_path().string() : options.log_dir,
-                                   path_.string(), ec.message()));
-    if (keep_) fmt::print(stderr, "cohort run: worker logs and error files in {}\n", path_.string());
+RunDirectory::RunDirectory(const RunOptions& options, const std::string& run_id)
+    : keep_(!options.log_dir.empty() || options.redirects.any() || options.tee.any()) {
+  std::error_code ec;
+  if (!options.log_dir.empty()) {
+    fs::create_directories(options.log_dir, ec);
+    path_ = fs::path(options.log_dir) / (run_id + "_" + random_id());
+  } else {
+    path_ = fs::temp_directory_path() / ("cohort-run-" + run_id + "-" + random_id());
   }
-  ~RunDirectory() {
-    std::error_code ignored;
-    if (!keep_) fs::remove_all(path_, ignored);
-  }
-  RunDirectory(const RunDirectory&) = delete;
-  RunDirectory& operator=(const RunDirectory&) = delete;
-  fs::path attempt(int n) const { return path_ / ("attempt_" + std::to_string(n)); }
+  // Workers may change directory before they write TORCHELASTIC_ERROR_FILE, and the
+  // launcher's messages name the folder: both need the absolute path.
+  if (!ec) path_ = fs::absolute(path_, ec);
+  if (!ec && ::mkdir(path_.c_str(), 0700) != 0) ec = std::error_code(errno, std::generic_category());
+  if (ec)
+    throw UsageError(fmt::format("--log-dir {}: cannot create {}: {}; give a writable directory",
+                                 options.log_dir.empty() ? fs::temp_directory_path().string() : options.log_dir,
+                                 path_.string(), ec.message()));
+  if (keep_) fmt::print(stderr, "cohort run: worker logs and error files in {}\n", path_.string());
+}
 
- private:
-  bool keep_;
-  fs::path path_;
-};
-
-}  // namespace
+RunDirectory::~RunDirectory() {
+  std::error_code ignored;
+  if (!keep_) fs::remove_all(path_, ignored);
+}
 
 int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostResources& resources) {
+  raise_open_files_limit();  // Note [Open files limit] in launcher/worker_process.h
+  start_orphan_reaper();     // Note [No orphans] in launcher/worker_process.h
   // Everything that can be wrong with the input is checked before anything starts.
   const int nproc = resolve_nproc(options.nproc_per_node, resources.cpu_count, resources.gpu_count);
   auto path = env.count("PATH") ? env.at("PATH") : std::string("/usr/bin:/bin");
   const std::string program = resolve_program(options.program, path);
   std::string run_id = options.run_id;
   if (options.standalone && run_id == "none") run_id = random_id();
-  RunDirectory dir(options, run_id);
+  RunDirectory::check_log_dir(options);
   if (is_elastic(options)) {
     install_signal_handlers();
+    RunDirectory dir(options, run_id);
     AgentSetup setup{options, env, program, nproc, run_id, [&](int n) { return dir.attempt(n); }, g_signal_pipe[0]};
     return run_elastic_agent(setup);
   }
@@ -137,6 +144,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   const Assignment assignment = rendezvous.assign(nproc);
 
   install_signal_handlers();
+  RunDirectory dir(options, run_id);  // Note [The run directory]
   // Note [Variables the launcher owns]: none of an outer job's store may leak in.
   const comm::EnvMap worker_base = without_launcher_variables(env);
   // Workers reach the store the way node 0's agent reaches it: loopback when one node.

@@ -45,8 +45,9 @@ class RefusalReport {
 
 // A store's on_refused callback that reports to the launcher's stderr through a
 // RefusalReport it owns (so the report outlives the store's thread and prints its
-// last summary when the store closes). A peer that speaks c10d's own TCPStore
-// protocol also gets, once, the line that says what to do about it.
+// last summary when the store closes). A peer that does not speak TLS (a stock c10d
+// TCPStore client, or a port scan) also gets, once, kNotTlsHint.
 std::function<void(const std::string&)> refusals_to_stderr();
+extern const char* const kNotTlsHint;
 
 }  // namespace cohort::launcher

@@ -59,6 +59,10 @@ void set_thread_policy(comm::EnvMap& env, int local_world_size) {
 comm::EnvMap without_launcher_variables(const comm::EnvMap& env) {
   comm::EnvMap out = env;
   for (const char* name : kLauncherOwnedVariables) out.erase(name);
+  // The token's PET_ spelling (--rdzv-token) is the launcher's input, not the
+  // workers': those that need the token get COHORT_RDZV_TOKEN, and under a plain
+  // TCPStore (worker_store=tcpstore, static multi-node jobs) none gets it at all.
+  out.erase("PET_RDZV_TOKEN");
   return out;
 }
 

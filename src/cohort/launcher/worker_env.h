@@ -42,7 +42,8 @@ inline constexpr const char* kLauncherOwnedVariables[] = {"COHORT_AGENT_STORE", 
                                                          "COHORT_RDZV_TOKEN", "COHORT_CONSOLE_TTY",
                                                          "COHORT_REPORT_FILE"};
 
-// `env` without kLauncherOwnedVariables: the base of a static job's workers.
+// `env` without kLauncherOwnedVariables, nor PET_RDZV_TOKEN: the base of every
+// worker's environment.
 comm::EnvMap without_launcher_variables(const comm::EnvMap& env);
 
 // `base` is the launcher's own environment; the result is base plus the contract.

@@ -38,8 +38,7 @@ WorkerGroup::WorkerGroup(const RunOptions& options, const comm::EnvMap& env, con
                          int signal_fd)
     : options_(options), signal_fd_(signal_fd), stop_after_(options.stop_timeout), report_path_(dir / "report.txt") {
   try {
-    fs::create_directories(dir);
-    fs::remove(report_path_);
+    make_log_dirs(dir, nproc);
     spawn_all(env, program, assignment, nproc, context, dir);
   } catch (...) {
     kill_and_reap_all();  // a half-started job leaves nothing behind
@@ -50,6 +49,7 @@ WorkerGroup::WorkerGroup(const RunOptions& options, const comm::EnvMap& env, con
 WorkerGroup::~WorkerGroup() { kill_and_reap_all(); }
 
 std::string WorkerGroup::report() const {
+  if (!logs_) return {};
   std::ifstream in(report_path_);
   std::stringstream text;
   text << in.rdbuf();
@@ -61,22 +61,53 @@ void WorkerGroup::print_report() const {
   if (!text.empty()) fmt::print(stderr, "cohort run: summary from the workers:\n{}", text);
 }
 
+// Note [Logs never stop the job]: a full or read-only log disk must not end the job
+// at its next restart because the attempt's folder cannot be made. The attempt then
+// runs without it: one warning, every worker's output on the console (--redirects
+// included), no error files (the failure summary has the exit statuses) and no
+// summary file from the workers.
+void WorkerGroup::make_log_dirs(const fs::path& dir, int nproc) {
+  std::error_code ec;
+  fs::path failed = dir;
+  fs::create_directories(dir, ec);
+  for (int local = 0; !ec && local < nproc; ++local) {
+    failed = dir / std::to_string(local);
+    fs::create_directories(failed, ec);
+  }
+  if (!ec) {
+    fs::remove(report_path_, ec);
+    ec.clear();  // a stale report that cannot be removed is overwritten or ignored
+    return;
+  }
+  logs_ = false;
+  fmt::print(stderr,
+             "cohort run: warning: cannot create the attempt's log folder {}: {}; this attempt runs with every "
+             "worker's output on the console only (no log files, no error files)\n  fix: make room on the log "
+             "folder's disk, or pass a --log-dir on a disk with space\n",
+             failed.string(), ec.message());
+}
+
 void WorkerGroup::spawn_all(const comm::EnvMap& env, const std::string& program, const Assignment& assignment,
                             int nproc, const AttemptContext& context, const fs::path& dir) {
   for (int local = 0; local < nproc; ++local) {
     WorkerSlot slot{local, assignment.base_rank + local, nproc, assignment.world_size, assignment.group_rank,
                     assignment.group_world_size};
     auto worker_dir = dir / std::to_string(local);
-    fs::create_directories(worker_dir);
-    auto error_file = (worker_dir / "error.json").string();
-    fs::remove(error_file);
+    auto error_file = logs_ ? (worker_dir / "error.json").string() : std::string();
+    std::error_code ignored;
+    if (logs_) fs::remove(error_file, ignored);
     auto worker_env = worker_environment(env, options_, slot, context, error_file);
+    // Rank 0's straggler report and such, for the launcher's summary (trace/straggler.h).
+    // An outer job's value must not leak in (Note [Variables the launcher owns]).
+    if (logs_) {
+      worker_env["COHORT_REPORT_FILE"] = report_path_.string();
+    } else {  // Note [Logs never stop the job]
+      worker_env.erase("COHORT_REPORT_FILE");
+      worker_env.erase("TORCHELASTIC_ERROR_FILE");
+    }
     // The worker's stdout is a pipe; tell it when what it prints lands on a terminal
     // (Note [Progress lines]).
-    // An outer job's value must not leak in (Note [Variables the launcher owns]).
-    // Rank 0's straggler report and such, for the launcher's summary (trace/straggler.h).
-    worker_env["COHORT_REPORT_FILE"] = report_path_.string();
-    if (console_is_tty(STDOUT_FILENO) && shown_on_console(options_.redirects.stdout_for(local), slot))
+    if (console_is_tty(STDOUT_FILENO) && shown_on_console(redirected(options_.redirects.stdout_for(local)), slot))
       worker_env["COHORT_CONSOLE_TTY"] = "1";
     else
       worker_env.erase("COHORT_CONSOLE_TTY");
@@ -86,10 +117,10 @@ void WorkerGroup::spawn_all(const comm::EnvMap& env, const std::string& program,
     w.outcome.pid = proc.pid();
     w.outcome.error_file = error_file;
     workers_.push_back(w);
-    route(proc.stdout_fd(), STDOUT_FILENO, options_.redirects.stdout_for(local), options_.tee.stdout_for(local),
-          worker_dir / "stdout.log", slot);
-    route(proc.stderr_fd(), STDERR_FILENO, options_.redirects.stderr_for(local), options_.tee.stderr_for(local),
-          worker_dir / "stderr.log", slot);
+    route(proc.stdout_fd(), STDOUT_FILENO, redirected(options_.redirects.stdout_for(local)),
+          logs_ && options_.tee.stdout_for(local), worker_dir / "stdout.log", slot);
+    route(proc.stderr_fd(), STDERR_FILENO, redirected(options_.redirects.stderr_for(local)),
+          logs_ && options_.tee.stderr_for(local), worker_dir / "stderr.log", slot);
   }
 }
 
@@ -233,6 +264,7 @@ void WorkerGroup::kill_and_reap_all() {
     if (w.exited) continue;
     w.process.signal_group(SIGKILL);
     waitpid(w.outcome.pid, nullptr, 0);
+    w.process.release_group();
     w.exited = true;
   }
 }
@@ -270,6 +302,7 @@ void WorkerGroup::reap(AttemptResult& result) {
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count();
     w.process.signal_group(SIGKILL);  // whatever it left behind (Note [No orphans])
+    w.process.release_group();
     // Exiting 0 while being stopped is a clean stop, not a casualty.
     if (w.outcome.succeeded()) w.outcome.stopped_by_launcher = false;
     w.outcome.error = elastic::read_error_file(w.outcome.error_file);

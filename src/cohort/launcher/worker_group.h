@@ -32,7 +32,8 @@ struct AttemptResult {
 class WorkerGroup {
  public:
   // Spawns `nproc` workers of `program`; each gets a folder under `dir` for its error
-  // file and logs. `signal_fd` is the read end of the launcher's signal self-pipe
+  // file and logs (when it cannot be created, a warning, and the console only: Note
+  // [Logs never stop the job]). `signal_fd` is the read end of the launcher's signal self-pipe
   // (one byte per signal). If spawning fails midway, the started workers are killed.
   WorkerGroup(const RunOptions& options, const comm::EnvMap& env, const std::string& program,
               const Assignment& assignment, int nproc, const AttemptContext& context,
@@ -66,6 +67,9 @@ class WorkerGroup {
 
   void spawn_all(const comm::EnvMap& env, const std::string& program, const Assignment& assignment, int nproc,
                  const AttemptContext& context, const std::filesystem::path& dir);
+  void make_log_dirs(const std::filesystem::path& dir, int nproc);
+  // --redirects for a stream, unless this attempt has no log folder.
+  bool redirected(bool asked) const { return asked && logs_; }
   bool shown_on_console(bool redirected, const WorkerSlot& slot) const;
   bool console_is_tty(int console) const;
   void route(int source, int console, bool redirected, bool teed, const std::filesystem::path& log,
@@ -86,6 +90,7 @@ class WorkerGroup {
   std::filesystem::path report_path_;
   std::vector<Worker> workers_;
   OutputRouter router_;
+  bool logs_ = true;  // the attempt's folder exists (Note [Logs never stop the job])
   bool stopping_ = false;
   int stop_signal_ = SIGTERM;
   Clock::time_point term_at_ = Clock::time_point::max();

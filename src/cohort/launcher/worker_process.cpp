@@ -4,17 +4,22 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "cohort/errors.h"
 
 namespace cohort::launcher {
 namespace {
+
+// The soft RLIMIT_NOFILE before raise_open_files_limit(); RLIM_INFINITY: not raised.
+rlim_t g_original_soft_nofile = RLIM_INFINITY;
 
 void make_pipe(int fds[2]) {
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("cohort run: pipe: ") + std::strerror(errno));
@@ -47,6 +52,57 @@ void close_inherited_fds(int keep) {
   close_from(keep + 1, -1);
 }
 
+// The launcher's end of the reaper's socket pair; -1 while no reaper runs (tests,
+// or a fork that failed: the workers then still have PDEATHSIG).
+int g_reaper_fd = -1;
+
+// What the reaper remembers: the process groups of the workers that run. Static, so
+// that the reaper (a fork of a multithreaded launcher) allocates nothing.
+constexpr int kReaperSlots = 1 << 16;
+pid_t g_reaper_groups[kReaperSlots];
+
+[[noreturn]] void run_reaper(int in) {
+  // Async-signal-safe calls only from here on.
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) signal(s, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  prctl(PR_SET_NAME, "cohort-reaper");
+  // Nothing of the launcher's: its console pipes (Note [Never stalled by the
+  // console]) must see their end when the launcher exits.
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (int fd = 0; fd < 3; ++fd)
+    if (devnull >= 0) dup2(devnull, fd);
+  close_inherited_fds(in);
+  int used = 0;
+  for (;;) {
+    std::int32_t message = 0;
+    ssize_t n = read(in, &message, sizeof message);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof message)) break;  // the launcher is gone (EOF)
+    if (message > 0) {
+      if (used < kReaperSlots) g_reaper_groups[used++] = message;
+    } else {
+      for (int i = 0; i < used; ++i)
+        if (g_reaper_groups[i] == -message) g_reaper_groups[i--] = g_reaper_groups[--used];
+    }
+  }
+  for (int i = 0; i < used; ++i) kill(-g_reaper_groups[i], SIGKILL);
+  _exit(0);
+}
+
+void tell_reaper(std::int32_t message) {
+  if (g_reaper_fd < 0) return;
+  ssize_t n;
+  do {
+    n = send(g_reaper_fd, &message, sizeof message, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {  // no reaper (it could not be forked): PDEATHSIG alone, as before
+    close(g_reaper_fd);
+    g_reaper_fd = -1;
+  }
+}
+
 [[noreturn]] void exec_child(pid_t parent, int out_w, int err_w, int status_w, char* const* argv, char* const* envp) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -62,6 +118,13 @@ void close_inherited_fds(int keep) {
   int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull >= 0) dup2(devnull, STDIN_FILENO);  // dup2 clears CLOEXEC on fd 0 only
   close_inherited_fds(status_w);  // Note [Closing descriptors]
+  if (g_original_soft_nofile != RLIM_INFINITY) {  // Note [Open files limit]
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      limit.rlim_cur = g_original_soft_nofile;
+      setrlimit(RLIMIT_NOFILE, &limit);
+    }
+  }
   execve(argv[0], argv, envp);
   int err = errno;
   ssize_t ignored = write(status_w, &err, sizeof err);
@@ -116,6 +179,7 @@ WorkerProcess WorkerProcess::spawn(const SpawnRequest& request) {
     close(err[0]);
     throw Error("cohort run: could not execute " + request.program + ": " + std::strerror(exec_errno));
   }
+  tell_reaper(pid);  // Note [No orphans]
   WorkerProcess w;
   w.pid_ = pid;
   w.out_fd_ = out[0];
@@ -123,11 +187,54 @@ WorkerProcess WorkerProcess::spawn(const SpawnRequest& request) {
   return w;
 }
 
+void WorkerProcess::release_group() const {
+  if (pid_ > 0) tell_reaper(-pid_);
+}
+
 void WorkerProcess::signal_group(int signal) const {
   // The group exists from fork on (both sides call setpgid), and its id cannot be
   // reused while any member lives, so this never hits a stranger, even after the
   // worker itself has been reaped.
   if (pid_ > 0) kill(-pid_, signal);
+}
+
+void start_orphan_reaper() {
+  if (g_reaper_fd >= 0) return;
+  // A socket pair: one message per read, and send()'s MSG_NOSIGNAL (no SIGPIPE if the
+  // reaper is gone).
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) return;
+  sigset_t all, previous;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, &previous);
+  // Forked twice, so that the reaper is nobody's child here: the launcher's children
+  // are its workers (tests and tools that list them stay right).
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[1]);  // the launcher's end: else the reaper would never see it close
+    if (fork() == 0) run_reaper(fds[0]);
+    _exit(0);
+  }
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  close(fds[0]);
+  if (pid < 0) {
+    close(fds[1]);
+    return;
+  }
+  while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  g_reaper_fd = fds[1];
+}
+
+rlim_t raise_open_files_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return RLIM_INFINITY;
+  if (limit.rlim_cur == limit.rlim_max) return limit.rlim_cur;
+  const rlim_t original = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) return original;  // e.g. a hard limit above fs.nr_open
+  if (g_original_soft_nofile == RLIM_INFINITY) g_original_soft_nofile = original;
+  return limit.rlim_cur;
 }
 
 std::string describe_status(int status) {
