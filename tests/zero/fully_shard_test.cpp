@@ -9,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "cohort/checkpoint/checkpointer.h"
 #include "cohort/errors.h"
 #include "cohort/recompute/checkpoint.h"
 #include "cohort/zero/fully_shard.h"
@@ -624,6 +625,185 @@ TEST(FullyShard, RanksWithDifferentModelsAreRefusedOnEveryRank) {
     } catch (const cohort::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("b1.weight"), std::string::npos) << e.what();
     }
+  });
+}
+
+// Note [Unused parameters under ZeRO-3]: body, head, `aux` (never used) and `late`
+// (used from step 2) are units of their own (every rank runs the same units); the
+// outer unit's flat is [scale (used), spare (never used), tilt (used by rank 0
+// only)], and at world 2 tilt lies in rank 1's chunk: the ranks must agree.
+struct UnusedNetImpl : torch::nn::Module {
+  explicit UnusedNetImpl(bool units) {
+    torch::nn::Linear body(6, 8), head(8, 3), aux(8, 3), late(8, 3);
+    if (units) {
+      ub = register_module("body", FullyShard<torch::nn::LinearImpl>(body));
+      uh = register_module("head", FullyShard<torch::nn::LinearImpl>(head));
+      ua = register_module("aux", FullyShard<torch::nn::LinearImpl>(aux));
+      ul = register_module("late", FullyShard<torch::nn::LinearImpl>(late));
+    } else {
+      pb = register_module("body", body);
+      ph = register_module("head", head);
+      pa = register_module("aux", aux);
+      pl = register_module("late", late);
+    }
+    scale = register_parameter("scale", torch::ones({3}));
+    spare = register_parameter("spare", torch::randn({5}));
+    tilt = register_parameter("tilt", torch::randn({4}));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    const bool u = static_cast<bool>(ub);
+    auto h = torch::tanh(u ? ub(x) : pb(x));
+    auto out = (u ? uh(h) : ph(h)) * scale;
+    if (use_late) out = out + (u ? ul(h) : pl(h));
+    if (use_tilt) out = out + tilt.sum() * 0.1;
+    return out;
+  }
+  bool use_late = false, use_tilt = false;
+  FullyShard<torch::nn::LinearImpl> ub{nullptr}, uh{nullptr}, ua{nullptr}, ul{nullptr};
+  torch::nn::Linear pb{nullptr}, ph{nullptr}, pa{nullptr}, pl{nullptr};
+  torch::Tensor scale, spare, tilt;
+};
+
+std::unique_ptr<torch::optim::Optimizer> adamw(std::vector<torch::Tensor> p) {
+  return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+}
+
+TEST(FullyShard, AParameterNoRankUsedIsSkippedAsInOneProcess) {
+  constexpr int kWorld = 2, kRows = 3, kSteps = 4;
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> xs, ys;
+  for (int s = 0; s < kSteps; ++s) {
+    xs.push_back(torch::randn({kWorld * kRows, 6}));
+    ys.push_back(torch::randn({kWorld * kRows, 3}));
+  }
+  auto rows = [&](const torch::Tensor& t, int r) { return t.narrow(0, r * kRows, kRows); };
+  // One process: the mean of the ranks' losses, one AdamW over every parameter.
+  torch::manual_seed(1);
+  auto ref = std::make_shared<UnusedNetImpl>(false);
+  auto opt = adamw(ref->parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    opt->zero_grad();
+    torch::Tensor total = torch::zeros({});
+    ref->use_late = s >= 2;
+    for (int r = 0; r < kWorld; ++r) {
+      ref->use_tilt = r == 0;
+      total = total + torch::mse_loss(ref->forward(rows(xs[s], r)), rows(ys[s], r)) / kWorld;
+    }
+    total.backward();
+    opt->step();
+  }
+  std::vector<std::shared_ptr<UnusedNetImpl>> nets;
+  for (int r = 0; r < kWorld; ++r) {
+    torch::manual_seed(1);
+    nets.push_back(std::make_shared<UnusedNetImpl>(true));
+  }
+  cohort::testing::run_thread_world(kWorld, [&](cohort::comm::World& world) {
+    const int r = world.rank();
+    FullyShard<UnusedNetImpl> root(nets[r]);
+    auto sharded = cohort::zero::fully_shard(root, world.group());
+    cohort::zero::FullyShardedOptimizer o(sharded, adamw);
+    for (int s = 0; s < kSteps; ++s) {
+      nets[r]->use_late = s >= 2;
+      nets[r]->use_tilt = r == 0;
+      o.zero_grad();
+      torch::mse_loss(root(rows(xs[s], r)), rows(ys[s], r)).backward();
+      o.step();
+    }
+    auto full = sharded.full_parameters();
+    for (const auto& p : ref->named_parameters()) {
+      const auto mine = nets[r]->named_parameters()[p.key()];
+      EXPECT_TRUE(torch::allclose(mine, p.value(), 1e-5, 1e-6))
+          << p.key() << " on rank " << r << " differs from one process by "
+          << (mine - p.value()).abs().max().item<double>();
+    }
+  });
+}
+
+// Note [Unused parameters under ZeRO-3]: a parameter frozen at fully_shard() lives
+// in a flat without gradients; unfreezing it later is refused, freezing is not.
+TEST(FullyShard, UnfreezingAfterFullyShardIsRefused) {
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    torch::manual_seed(1);
+    auto net = std::make_shared<UnusedNetImpl>(true);
+    for (auto& p : net->ub->parameters()) p.set_requires_grad(false);
+    FullyShard<UnusedNetImpl> root(net);
+    auto sharded = cohort::zero::fully_shard(root, world.group());
+    cohort::zero::FullyShardedOptimizer o(sharded, adamw);
+    auto x = torch::full({3, 6}, world.rank() + 1.0);
+    root(x).sum().backward();
+    o.step();
+    for (auto& p : net->ub->parameters()) p.set_requires_grad(true);
+    try {
+      root(x).sum().backward();
+      ADD_FAILURE() << "a parameter unfrozen after fully_shard() was silently left frozen";
+    } catch (const cohort::ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'body.weight' was frozen"), std::string::npos) << what;
+      EXPECT_NE(what.find("before fully_shard()"), std::string::npos) << what;
+    }
+    EXPECT_THROW(o.step(), cohort::ConfigError);
+    for (auto& p : net->ub->parameters()) p.set_requires_grad(false);
+    net->scale.set_requires_grad(false);  // freezing a trainable one is fine
+    EXPECT_NO_THROW(root(x).sum().backward());
+    EXPECT_NO_THROW(o.step());
+  });
+}
+
+// A checkpoint saved outside full_parameters() would hold an empty model: refused
+// on every rank, and nothing is written.
+TEST(FullyShard, SavingOutsideFullParametersIsRefused) {
+  cohort::testing::TempDir dir;
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    cohort::zero::FullyShardedOptimizer o(sharded, adamw);
+    cohort::checkpoint::Checkpointer ckpt(dir.path, world.group(),
+                                          cohort::checkpoint::CheckpointerOptions().warn([](const std::string&) {}));
+    cohort::checkpoint::TrainingProgress progress;
+    progress.step = 1;
+    try {
+      ckpt.save(*pair.sharded, o, progress, torch::kCPU);
+      ADD_FAILURE() << "saved a fully sharded model outside full_parameters()";
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("outside full_parameters()"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(ckpt.steps_on_disk().empty());
+    {
+      auto full = sharded.full_parameters();
+      EXPECT_NO_THROW(ckpt.save(*pair.sharded, o, progress, torch::kCPU));
+    }
+  });
+}
+
+// Note [Leaving full_parameters()]: a file of another model inside
+// full_parameters(true) neither ends the process (a throwing destructor) nor
+// writes part of it back; close() throws it, and without close() the next forward does.
+TEST(FullyShard, AFailedWriteBackThrowsFromCloseOrTheNextForwardNotTheDestructor) {
+  cohort::testing::TempDir dir;
+  const auto file = dir.path + "/wider.pt";
+  torch::save(make_pair(/*hidden=*/16).reference, file);
+  const auto d = data(4, 3);
+  cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+    auto pair = make_pair();
+    auto sharded = cohort::zero::fully_shard(pair.sharded, world.group());
+    const auto before = pair.reference->forward(d.x);
+    {
+      auto full = sharded.full_parameters(/*write_back=*/true);
+      torch::load(pair.sharded, file);
+      EXPECT_THROW(full.close(), cohort::ConfigError);
+    }
+    EXPECT_TRUE(torch::allclose(pair.sharded(d.x), before)) << "part of another model was written back";
+    {
+      auto full = sharded.full_parameters(/*write_back=*/true);
+      torch::load(pair.sharded, file);
+    }  // no close(): the destructor reports, and must not throw
+    try {
+      pair.sharded(d.x);
+      ADD_FAILURE() << "the failed write-back went unreported";
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("load a state of the same model"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(torch::allclose(pair.sharded(d.x), before));  // reported once; the old values stay
   });
 }
 

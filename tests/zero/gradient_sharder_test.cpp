@@ -190,4 +190,100 @@ TEST(ZeroGradientSharder, RankZerosParametersReachEveryRank) {
   });
 }
 
+// Note [Unused parameters under ZeRO-2]: a parameter no rank used this step is
+// skipped by the optimizer, as one process skips it; one that a single rank used
+// is averaged. AdamW with weight decay would move a zero gradient's parameter.
+struct UnusedNet {
+  std::vector<torch::Tensor> params;  // body.w, body.b, head, aux (never used), late
+  UnusedNet() {
+    torch::manual_seed(3);
+    for (auto shape : std::vector<std::vector<std::int64_t>>{{8, 6}, {8}, {3, 8}, {3, 8}, {3, 8}})
+      params.push_back((torch::randn(shape) * 0.3).set_requires_grad(true));
+  }
+  // `late` joins on rank 0 at step 1 and on every rank from step 2.
+  static bool late_used(int rank, int step) { return step >= 2 || (step == 1 && rank == 0); }
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y, bool late) const {
+    auto h = torch::tanh(torch::addmm(params[1], x, params[0].t()));
+    auto out = h.mm(params[2].t());
+    if (late) out = out + h.mm(params[4].t());
+    return torch::mse_loss(out, y);
+  }
+};
+
+std::unique_ptr<torch::optim::Optimizer> adamw(std::vector<torch::Tensor> p) {
+  return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+}
+
+TEST(ZeroGradientSharder, AParameterNoRankUsedIsSkippedAsInOneProcess) {
+  constexpr int kWorld = 2, kRows = 3, kSteps = 4;
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> xs, ys;
+  for (int s = 0; s < kSteps; ++s) {
+    xs.push_back(torch::randn({kWorld * kRows, 6}));
+    ys.push_back(torch::randn({kWorld * kRows, 3}));
+  }
+  // One process: the mean of the ranks' losses, one AdamW over every parameter.
+  UnusedNet ref;
+  auto opt = adamw(ref.params);
+  for (int s = 0; s < kSteps; ++s) {
+    opt->zero_grad();
+    torch::Tensor loss = torch::zeros({});
+    for (int r = 0; r < kWorld; ++r)
+      loss = loss + ref.loss(xs[s].narrow(0, r * kRows, kRows), ys[s].narrow(0, r * kRows, kRows),
+                             UnusedNet::late_used(r, s)) / kWorld;
+    loss.backward();
+    opt->step();
+  }
+  std::vector<UnusedNet> nets(kWorld);
+  cohort::testing::run_thread_world(kWorld, [&](cohort::comm::World& world) {
+    const int r = world.rank();
+    auto& net = nets[r];
+    ShardedOptimizer o(net.params, world.group(), adamw, ShardedOptimizerOptions().shard_gradients(true));
+    for (int s = 0; s < kSteps; ++s) {
+      o.zero_grad();
+      net.loss(xs[s].narrow(0, r * kRows, kRows), ys[s].narrow(0, r * kRows, kRows), UnusedNet::late_used(r, s))
+          .backward();
+      o.step();
+    }
+  });
+  const char* names[] = {"body.w", "body.b", "head", "aux (never used)", "late"};
+  for (int r = 0; r < kWorld; ++r)
+    for (std::size_t i = 0; i < ref.params.size(); ++i)
+      EXPECT_TRUE(torch::allclose(nets[r].params[i], ref.params[i], 1e-5, 1e-6))
+          << names[i] << " on rank " << r << " differs from one process by "
+          << (nets[r].params[i] - ref.params[i]).abs().max().item<double>();
+}
+
+// Note [Unfreezing after construction]: the owner would step the unfrozen parameter
+// with its own gradient, not the average; refused under ZeRO-1 and ZeRO-2 alike.
+TEST(ZeroGradientSharder, UnfreezingAfterConstructionIsRefusedUnderZero1And2) {
+  for (bool zero2 : {false, true}) {
+    cohort::testing::run_thread_world(2, [&](cohort::comm::World& world) {
+      torch::manual_seed(1);
+      auto model = torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Linear(8, 2));
+      for (auto& p : model[0]->parameters()) p.set_requires_grad(false);  // a frozen body
+      std::unique_ptr<cohort::ddp::DistributedDataParallel<torch::nn::Sequential>> ddp;
+      if (!zero2) ddp = std::make_unique<cohort::ddp::DistributedDataParallel<torch::nn::Sequential>>(model, world.group());
+      ShardedOptimizer opt(model->parameters(), world.group(), adamw,
+                           ShardedOptimizerOptions().shard_gradients(zero2));
+      auto x = torch::full({3, 6}, world.rank() + 1.0);
+      auto forward = [&] { return zero2 ? model->forward(x) : (*ddp)(x); };
+      opt.zero_grad();
+      forward().sum().backward();
+      EXPECT_NO_THROW(opt.step());
+      for (auto& p : model[0]->parameters()) p.set_requires_grad(true);  // fine-tuning: unfrozen
+      opt.zero_grad();
+      forward().sum().backward();
+      try {
+        opt.step();
+        ADD_FAILURE() << (zero2 ? "ZeRO-2" : "ZeRO-1") << " stepped a parameter unfrozen after construction";
+      } catch (const cohort::ConfigError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("parameter 0 (shape [8, 6]) was frozen"), std::string::npos) << what;
+        EXPECT_NE(what.find("set requires_grad on every parameter before"), std::string::npos) << what;
+      }
+    });
+  }
+}
+
 }  // namespace

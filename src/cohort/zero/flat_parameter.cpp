@@ -168,6 +168,17 @@ void FlatParameter::gather_state() {
   bind(state_full_);
 }
 
+std::string FlatParameter::write_back_error() const {
+  if (!state_full_.defined()) return {};
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].numel() != numel(i))
+      return fmt::format("cohort fully_shard: parameter '{}' was given {} elements inside full_parameters(true), but "
+                         "it has {}; load a state of the same model. Nothing was written back: the shards hold "
+                         "the values from before full_parameters()",
+                         names_[i], params_[i].numel(), numel(i));
+  return {};
+}
+
 void FlatParameter::release_state(bool write_back) {
   if (!state_full_.defined()) return;
   if (write_back) {

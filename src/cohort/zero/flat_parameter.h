@@ -99,6 +99,11 @@ class FlatParameter {
   // and leaves the parameters empty again.
   void gather_state();
   void release_state(bool write_back);
+  // Inside gather_state() .. release_state().
+  bool holds_state() const { return state_full_.defined(); }
+  // Why release_state(true) would fail (a parameter given another size meanwhile);
+  // empty when it would not.
+  std::string write_back_error() const;
 
  private:
   void bind(const at::Tensor& buffer);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <ostream>
 #include <set>
@@ -216,6 +217,7 @@ FullyShardedModel::NoSync FullyShardedModel::no_sync() { return NoSync(*schedule
 
 FullyShardedModel::FullParameters::FullParameters(ShardSchedule& schedule, bool write_back)
     : schedule_(schedule), write_back_(write_back) {
+  schedule_.raise_recorded_failure();
   schedule_.reshard_all("full_parameters() was called");
   try {
     for (const auto& f : schedule_.flats()) f->gather_state();
@@ -224,8 +226,33 @@ FullyShardedModel::FullParameters::FullParameters(ShardSchedule& schedule, bool 
     throw;
   }
 }
+// Note [Leaving full_parameters()]
+// Writing back can fail (a torch::load of another model's file gave a parameter
+// another size). Every flat is checked first, so the shards take all of the new
+// values or none. close() throws that failure; the destructor must not (a throw
+// while leaving a scope ends the process, or unwinds past a pending exception), so
+// it prints it and records it in the schedule, and the next forward, step or
+// full_parameters() throws it.
+void FullyShardedModel::FullParameters::close() {
+  if (closed_) return;
+  closed_ = true;
+  std::string error;
+  if (write_back_)
+    for (const auto& f : schedule_.flats())
+      if (error.empty()) error = f->write_back_error();
+  for (const auto& f : schedule_.flats()) f->release_state(write_back_ && error.empty());
+  if (!error.empty()) throw ConfigError(error);
+}
+
 FullyShardedModel::FullParameters::~FullParameters() {
-  for (const auto& f : schedule_.flats()) f->release_state(write_back_);
+  try {
+    close();
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << " (raised on leaving full_parameters(); the next forward, step or full_parameters() "
+                 "raises it; call close() to catch it where it happens)"
+              << std::endl;
+    schedule_.record_failure(e.what());
+  }
 }
 FullyShardedModel::FullParameters FullyShardedModel::full_parameters(bool write_back) {
   return FullParameters(*schedule_, write_back);

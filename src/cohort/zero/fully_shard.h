@@ -156,17 +156,23 @@ class FullyShardedModel {
   // Collective, between steps: while the guard lives every original parameter holds
   // its whole value in its own dtype, on every rank, so that state dicts and
   // checkpoints read (and, with write_back, write) the model as if it were not
-  // sharded. With write_back, leaving copies each rank's chunk back into its shards.
+  // sharded. With write_back, leaving copies each rank's chunk back into its shards:
+  // all of them, or none when a parameter was given another size (a file of another
+  // model). close() leaves at once and throws ConfigError for that; the destructor
+  // closes too, but never throws: it prints the error and the next forward, step or
+  // full_parameters() throws it (Note [Leaving full_parameters()]).
   class FullParameters {
    public:
     FullParameters(ShardSchedule& schedule, bool write_back);
     ~FullParameters();
     FullParameters(const FullParameters&) = delete;
     FullParameters& operator=(const FullParameters&) = delete;
+    void close();
 
    private:
     ShardSchedule& schedule_;
     bool write_back_;
+    bool closed_ = false;
   };
   [[nodiscard]] FullParameters full_parameters(bool write_back = false);
 

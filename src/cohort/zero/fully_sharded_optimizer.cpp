@@ -91,10 +91,60 @@ FullyShardedOptimizer::FullyShardedOptimizer(FullyShardedModel model, OptimizerF
                       "it is given");
 }
 
+// Note [Unused parameters under ZeRO-3]: the elements of a shard that belong to a
+// parameter without a gradient keep their values and their state through the step.
+// A state the step creates is compared with what a fresh optimizer makes of zeros:
+// the initial state (Adam's moments of zero, SGD's momentum of zero, Adagrad's
+// initial accumulator), which one process gives the parameter when it first trains.
+struct FullyShardedOptimizer::Kept {
+  at::Tensor shard;
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  std::vector<at::Tensor> values;
+  Entries state;  // before the step (or initial); empty when it has none
+};
+
 at::Tensor FullyShardedOptimizer::step(LossClosure closure) {
+  auto& schedule = model_.schedule();
+  schedule.raise_recorded_failure();
+  schedule.check_trainable("FullyShardedOptimizer::step()");
   local_->param_groups()[0].set_options(param_groups()[0].options().clone());
+  std::vector<Kept> kept;
+  for (std::size_t f = 0; f < schedule.flats().size(); ++f) {
+    auto ranges = schedule.unused_ranges(f);
+    if (ranges.empty()) continue;
+    Kept k{schedule.flats()[f]->shard(), std::move(ranges), {}, {}};
+    for (const auto& [from, n] : k.ranges) k.values.push_back(k.shard.detach().narrow(0, from, n).clone());
+    if (const auto* state = find_state(*local_, k.shard)) {
+      k.state = entries_of(*state);
+    } else {
+      auto zero = at::zeros_like(k.shard).requires_grad_(true);
+      zero.mutable_grad() = at::zeros_like(zero);
+      auto fresh = make_({zero});
+      fresh->param_groups()[0].set_options(param_groups()[0].options().clone());
+      fresh->step();
+      if (const auto* initial = find_state(*fresh, zero)) k.state = entries_of(*initial);
+    }
+    kept.push_back(std::move(k));
+  }
   auto loss = local_->step(std::move(closure));
-  model_.schedule().invalidate_all();  // Note [Fresh gathers]
+  at::NoGradGuard no_grad;
+  for (auto& k : kept) {
+    for (std::size_t r = 0; r < k.ranges.size(); ++r)
+      k.shard.detach().narrow(0, k.ranges[r].first, k.ranges[r].second).copy_(k.values[r]);
+    const auto* state = find_state(*local_, k.shard);
+    if (!state || k.state.empty()) continue;
+    auto entries = entries_of(*state);
+    for (auto& [key, value] : entries) {
+      auto before = k.state.find(key);
+      if (!value.isTensor() || before == k.state.end() || !before->second.isTensor() ||
+          value.toTensor().sizes() != k.shard.sizes())
+        continue;
+      auto now = value.toTensor();
+      for (const auto& [from, n] : k.ranges) now.narrow(0, from, n).copy_(before->second.toTensor().narrow(0, from, n));
+    }
+    set_state(*local_, k.shard, state_from(*state, entries));
+  }
+  schedule.invalidate_all();  // Note [Fresh gathers]
   return loss;
 }
 
@@ -159,6 +209,14 @@ void FullyShardedOptimizer::gather_state(int to) const {
 }
 
 void FullyShardedOptimizer::gather_state_for_save(int writer) const {
+  // The same answer on every rank: full_parameters() is collective.
+  for (const auto& flat : model_.schedule().flats())
+    if (!flat->holds_state())
+      throw ConfigError(fmt::format(
+          "cohort FullyShardedOptimizer (rank {}): Checkpointer::save was called outside full_parameters(), where "
+          "the model's parameters hold no values ('{}' is empty): the checkpoint would hold an empty model. Fix: "
+          "save inside {{ auto full = sharded.full_parameters(); ckpt.save(...); }}",
+          model_.schedule().group().rank(), flat->names()[0]));
   const auto& ranks = model_.schedule().group().global_ranks();
   const auto it = std::find(ranks.begin(), ranks.end(), writer);
   if (it == ranks.end())

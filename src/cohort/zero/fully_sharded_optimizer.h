@@ -10,6 +10,7 @@
 //   });
 //   ...
 //   { auto full = sharded.full_parameters();  ckpt.save(*net, optimizer, progress, device); }
+//   (a save outside full_parameters() is refused: the parameters hold nothing there)
 //   { auto full = sharded.full_parameters(/*write_back=*/true);
 //     ckpt.load_latest(*net, optimizer, device); }
 //
@@ -66,6 +67,7 @@ class FullyShardedOptimizer : public torch::optim::Optimizer, public checkpoint:
 
  private:
   struct Made;
+  struct Kept;  // Note [Unused parameters under ZeRO-3]
   FullyShardedOptimizer(FullyShardedModel model, OptimizerFactory make, Made made);
   std::vector<at::Tensor> stand_ins() const;
 

@@ -178,9 +178,13 @@ void GradientSharder::fill(std::size_t k, const at::Tensor& a, const at::Tensor&
   const auto [slice, position] = place_[k];
   auto& flats = filling_[bucket];
   if (flats.empty())
-    for (const auto& s : layout_[bucket]) flats.push_back(at::empty({s.numel}, param(k).options()));
+    for (const auto& s : layout_[bucket])
+      flats.push_back(at::empty({s.numel + static_cast<std::int64_t>(s.members.size())}, param(k).options()));
   const auto& p = param(k);
-  auto view = alias(flats[slice], layout_[bucket][slice].offsets[position], p.sizes());
+  const auto& s = layout_[bucket][slice];
+  // Note [Unused parameters under ZeRO-2]: this rank's vote that k has a gradient.
+  flats[slice].narrow(0, s.numel + static_cast<std::int64_t>(position), 1).fill_(a.defined() || b.defined() ? 1 : 0);
+  auto view = alias(flats[slice], s.offsets[position], p.sizes());
   // Note [Divide on the way in] (ddp/reducer.cpp): the same operations as DDP's.
   if (a.defined() && b.defined()) {
     at::add_out(view, a, b);
@@ -225,8 +229,13 @@ void GradientSharder::land(InFlight& f) {
   const auto& slice = layout_[f.bucket][f.slice];
   if (slice.owner != group_.rank()) return;  // the flat (this rank's contribution) is dropped
   at::NoGradGuard no_grad;
+  // Note [Unused parameters under ZeRO-2]: how many ranks gave each member a gradient.
+  const auto votes = f.flat.narrow(0, slice.numel, static_cast<std::int64_t>(slice.members.size()))
+                         .to(at::kCPU, at::kFloat);
+  const auto* voted = votes.data_ptr<float>();
   for (std::size_t m = 0; m < slice.members.size(); ++m) {
     const auto k = slice.members[m];
+    if (!(voted[m] > 0)) continue;  // no rank used it: its .grad stays as it was
     auto& p = param(k);
     auto sum = alias(f.flat, slice.offsets[m], p.sizes());
     auto& grad = p.mutable_grad();

@@ -32,6 +32,17 @@
 //
 // A parameter that receives no gradient in a synchronised backward (unused in this
 // forward, on this rank) contributes zeros, so every rank launches every bucket.
+//
+// Note [Unused parameters under ZeRO-2]
+// A parameter that no rank used must be skipped by the optimizer, as one process
+// skips a parameter whose .grad is undefined (weight decay and Adam's moments would
+// otherwise move it); one that some rank used has the average on its owner, as DDP
+// with find_unused_parameters gives. The ranks agree without another collective:
+// each owner's flat carries one more element per parameter after the gradients,
+// 1 where this rank has a gradient for it (this backward's or a no_sync sum) and 0
+// where not, and the same reduce sums these votes. The owner adds the average to
+// .grad only where the sum is above zero; elsewhere .grad stays as it was (undefined
+// if it was, or zero_grad()'s zeros, exactly as in one process).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>

@@ -61,7 +61,11 @@ void ShardSchedule::start() {
   grads_.resize(flats_.size());
   complete_.assign(flats_.size(), false);
   for (std::size_t f = 0; f < flats_.size(); ++f) {
-    grads_[f].arrived.assign(flats_[f]->params().size(), false);
+    const auto n = flats_[f]->params().size();
+    grads_[f].arrived.assign(n, false);
+    grads_[f].used.assign(n, false);
+    grads_[f].used_local.assign(n, false);
+    grads_[f].has_grad.assign(n, false);
     if (!flats_[f]->trainable()) continue;
     for (std::size_t i = 0; i < flats_[f]->params().size(); ++i) {
       auto acc = flats_[f]->accumulator(i);
@@ -128,6 +132,10 @@ void ShardSchedule::invalidate_all() {
 void ShardSchedule::pre_forward(std::size_t unit) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   drop_abandoned_backward();
+  if (unit == 0 && !armed_) {
+    raise_recorded_failure();
+    check_trainable("a forward");
+  }
   // Note [Fresh gathers]: nothing from before this forward (and a step) is reused.
   if (unit == 0 && !armed_)
     for (std::size_t u = 0; u < units_.size(); ++u) reshard(u, true);
@@ -212,7 +220,9 @@ at::Tensor ShardSchedule::take(std::size_t f, std::size_t i, const at::Tensor& g
         g.grad_version = sg._version();
       }
       g.local.narrow(0, flat.offset(i), n).add_(grad.reshape({-1}));
+      g.used_local[i] = true;
     } else {
+      g.used[i] = true;
       if (!g.flat.defined())
         g.flat = at::zeros({flat.padded_numel()}, flat.shard().options().dtype(reduce_dtype(flat)));
       g.flat.narrow(0, flat.offset(i), n).copy_(grad.reshape({-1}));
@@ -251,7 +261,9 @@ void ShardSchedule::launch(std::size_t f) {
   if (g.local.defined()) {
     g.flat.add_(g.local);
     g.local = at::Tensor();
+    for (std::size_t i = 0; i < g.used.size(); ++i) g.used[i] = g.used[i] || g.used_local[i];
   }
+  std::fill(g.used_local.begin(), g.used_local.end(), false);
   g.flat.mul_(inverse_world_);
   InFlight job;
   job.flat = f;
@@ -269,6 +281,7 @@ void ShardSchedule::drop_cleared_local(std::size_t f) {
   const auto& sg = flats_[f]->shard().grad();
   if (sg.defined() && sg.unsafeGetTensorImpl() == g.grad_impl && sg._version() == g.grad_version) return;
   g.local = at::Tensor();
+  std::fill(g.used_local.begin(), g.used_local.end(), false);
 }
 
 bool ShardSchedule::aliases(std::size_t unit, const at::Tensor& t) const {
@@ -283,11 +296,33 @@ void ShardSchedule::land(InFlight& job) {
   auto shard = flats_[job.flat]->shard();
   auto sum = job.output.to(shard.scalar_type());
   auto& grad = shard.mutable_grad();
+  grads_[job.flat].grad_was_undefined = !grad.defined();
   if (grad.defined()) {
-    grad.add_(sum);
+    grad.add_(sum);  // zeros where no rank used a parameter: .grad is unchanged there
   } else {
     grad = sum;
   }
+}
+
+// Note [Unused parameters under ZeRO-3]: every flat is launched; the votes follow
+// the reductions in flight, in the same order on every rank.
+void ShardSchedule::agree_on_unused() {
+  std::int64_t n = 0;
+  for (auto f : plan_) n += static_cast<std::int64_t>(grads_[f].used.size());
+  if (n == 0) return;
+  auto votes = at::zeros({n}, at::TensorOptions().dtype(at::kFloat));
+  auto* v = votes.data_ptr<float>();
+  std::int64_t k = 0;
+  for (auto f : plan_)
+    for (bool used : grads_[f].used) v[k++] = used ? 1.0f : 0.0f;
+  const auto device = flats_[plan_.front()]->shard().device();
+  auto summed = votes.to(device);
+  if (group_.size() > 1) group_.all_reduce(summed);
+  votes = summed.to(at::kCPU);
+  v = votes.data_ptr<float>();
+  k = 0;
+  for (auto f : plan_)
+    for (std::size_t i = 0; i < grads_[f].used.size(); ++i) grads_[f].used[i] = v[k++] > 0;
 }
 
 void ShardSchedule::finalize_backward() {
@@ -297,9 +332,21 @@ void ShardSchedule::finalize_backward() {
     if (sync_) {
       for (auto f : plan_) complete_[f] = true;
       launch_ready();
+      agree_on_unused();
       while (!in_flight_.empty()) {
         land(in_flight_.front());
         in_flight_.pop_front();
+      }
+      // Note [Unused parameters under ZeRO-3]
+      for (auto f : plan_) {
+        auto& g = grads_[f];
+        if (g.grad_was_undefined) std::fill(g.has_grad.begin(), g.has_grad.end(), false);
+        bool any = false;
+        for (std::size_t i = 0; i < g.used.size(); ++i) {
+          g.has_grad[i] = g.has_grad[i] || g.used[i];
+          any = any || g.has_grad[i];
+        }
+        if (!any) flats_[f]->shard().mutable_grad().reset();  // what it landed is zeros: skipped whole
       }
     }
     for (std::size_t u = 0; u < units_.size(); ++u) reshard(u, true);
@@ -319,11 +366,59 @@ void ShardSchedule::reset_iteration() {
   for (std::size_t f = 0; f < flats_.size(); ++f) {
     grads_[f].flat = at::Tensor();
     std::fill(grads_[f].arrived.begin(), grads_[f].arrived.end(), false);
+    std::fill(grads_[f].used.begin(), grads_[f].used.end(), false);
     grads_[f].missing = flats_[f]->trainable() ? flats_[f]->params().size() : 0;
     complete_[f] = false;
   }
   forward_order_.clear();
   backward_order_.clear();
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> ShardSchedule::unused_ranges(std::size_t f) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  const auto& flat = *flats_.at(f);
+  if (!flat.trainable() || !flat.shard().grad().defined()) return out;
+  const auto begin = static_cast<std::int64_t>(group_.rank()) * flat.chunk_numel();
+  const auto end = begin + flat.chunk_numel();
+  for (std::size_t i = 0; i < flat.params().size(); ++i) {
+    if (grads_[f].has_grad[i]) continue;
+    const auto from = std::max(begin, flat.offset(i));
+    const auto to = std::min(end, flat.offset(i) + flat.numel(i));
+    if (from < to) out.emplace_back(from - begin, to - from);
+  }
+  return out;
+}
+
+// Note [Unused parameters under ZeRO-3]: a frozen flat has no gradient buffer, no
+// hook and no optimizer state, so a parameter unfrozen in it would never train (or
+// train on one rank's gradient alone).
+void ShardSchedule::check_trainable(const char* where) const {
+  for (const auto& flat : flats_) {
+    if (flat->trainable()) continue;
+    for (std::size_t i = 0; i < flat->params().size(); ++i)
+      if (flat->params()[i].requires_grad())
+        throw ConfigError(fmt::format(
+            "cohort fully_shard (rank {}): parameter '{}' was frozen (requires_grad false) when fully_shard() was "
+            "called, and requires grad now, at {}. fully_shard() shards frozen parameters apart from trainable "
+            "ones and never reduces their gradients, so the change would be ignored. Fix: set requires_grad on "
+            "every parameter before fully_shard(), then build the model, fully_shard() it and make its optimizer "
+            "again (load the weights inside full_parameters(true)) to unfreeze it",
+            group_.rank(), flat->names()[i], where));
+  }
+}
+
+void ShardSchedule::record_failure(std::string what) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (failure_.empty()) failure_ = std::move(what);
+}
+
+void ShardSchedule::raise_recorded_failure() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (failure_.empty()) return;
+  auto what = std::move(failure_);
+  failure_.clear();
+  throw ConfigError(what);
 }
 
 }  // namespace cohort::zero

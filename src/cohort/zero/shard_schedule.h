@@ -25,6 +25,7 @@
 //     (Note [Bucket ready order]); at most two are in flight. A parameter without a
 //     gradient in this backward contributes zeros, so every rank reduces every flat.
 //  4. The end of the backward (an autograd final callback) reduces what is left,
+//     agrees which parameters no rank used (Note [Unused parameters under ZeRO-3]),
 //     lands every reduction and frees every unit.
 // Every rank must run the same units in the same order: the gathers and the
 // reductions are collectives, and ranks that differ are caught by the group's
@@ -32,6 +33,20 @@
 //
 // Under no_sync(), each flat's gradients are summed locally at full size instead,
 // and the next synchronised backward adds that sum before it divides and reduces.
+//
+// Note [Unused parameters under ZeRO-3]
+// One process skips a parameter whose .grad is undefined: weight decay and Adam's
+// moments leave it alone. Here the optimizer steps whole flats, so the schedule
+// keeps, per original parameter, whether one process's .grad would be defined
+// (has_grad): it becomes so once any rank gives the parameter a gradient (this
+// backward's or a no_sync sum), and is cleared when the shard's .grad is (None).
+// Which parameters some rank used is agreed by one all-reduce of a vote per
+// trainable parameter at the end of each synchronised backward (as DDP's
+// find_unused_parameters does). A flat none of whose parameters has a gradient keeps
+// an undefined .grad, so the optimizer skips it whole; FullyShardedOptimizer also
+// puts back the values and state of the elements of a flat that belong to a
+// parameter without one (unused_ranges()). A plain optimizer over the shards gets
+// the first only.
 //
 // Note [Fresh gathers]
 // A unit must never compute with values from before an optimizer step. After a
@@ -109,6 +124,18 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
   void invalidate_all();
   // Frees every unit; refused during a backward.
   void reshard_all(const char* why);
+  // Note [Unused parameters under ZeRO-3]: the parts of flat f's shard (offsets in
+  // the shard, lengths) that belong to parameters without a gradient, while the
+  // shard has a .grad; empty otherwise.
+  std::vector<std::pair<std::int64_t, std::int64_t>> unused_ranges(std::size_t flat) const;
+  // Parameters whose requires_grad changed after fully_shard() (unfrozen): refused,
+  // since their flat holds no gradient for them. Freezing one is allowed (it gets no
+  // gradient, Note [Unused parameters under ZeRO-3]). `where` names the caller.
+  void check_trainable(const char* where) const;
+  // A failure that could not be thrown where it happened (a destructor): the next
+  // forward, step or full_parameters() throws it, once.
+  void record_failure(std::string what);
+  void raise_recorded_failure();
 
   // Called by autograd.
   void pre_backward(std::size_t unit);
@@ -124,6 +151,11 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
     std::int64_t grad_version = -1;
     std::vector<bool> arrived;
     std::size_t missing = 0;
+    // Note [Unused parameters under ZeRO-3], per parameter of the flat.
+    std::vector<bool> used;        // a gradient in this synchronised backward
+    std::vector<bool> used_local;  // a part of `local`
+    std::vector<bool> has_grad;    // one process's .grad would be defined
+    bool grad_was_undefined = false;  // the shard's .grad before this backward landed
   };
   struct InFlight {
     std::size_t flat = 0;
@@ -142,6 +174,7 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
   void drop_cleared_local(std::size_t flat);
   void unit_gradients_complete(std::size_t unit);
   void reset_iteration();
+  void agree_on_unused();
   at::ScalarType reduce_dtype(const FlatParameter& flat) const;
 
   comm::Group group_;
@@ -165,6 +198,7 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
   std::deque<InFlight> in_flight_;
   std::vector<std::size_t> forward_order_, backward_order_;            // this iteration
   std::vector<std::size_t> last_forward_order_, last_backward_order_;  // the previous one
+  std::string failure_;  // record_failure()
 };
 
 }  // namespace cohort::zero

@@ -119,6 +119,7 @@ ShardedOptimizer::ShardedOptimizer(Probe probe, comm::Group group, OptimizerFact
   if (options_.bucket_cap_bytes() < 1)
     throw ConfigError(fmt::format("cohort ShardedOptimizer: bucket_cap_bytes must be at least 1, got {}",
                                   options_.bucket_cap_bytes()));
+  for (const auto& p : all) trainable_.push_back(p.requires_grad());
   std::vector<std::int64_t> bytes;
   for (const auto& p : all) bytes.push_back(static_cast<std::int64_t>(p.numel()) * p.element_size());
   owner_ = partition_by_size(bytes, group_.size());
@@ -171,6 +172,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     at::AutoGradMode enable(true);
     loss = closure();
   }
+  check_trainable();
   if (sharder_) sharder_->check_before_step();
   if (local_) {
     // The options of this optimizer's group are the ones in force (a scheduler or
@@ -180,6 +182,26 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   }
   broadcast_parameters();
   return loss;
+}
+
+// Note [Unfreezing after construction]
+// A parameter frozen when the optimizer was built has no gradient reduction: under
+// ZeRO-2 the sharder has no hook on it, under ZeRO-1 DDP (built before) leaves it
+// out of its buckets. Unfrozen later, its owner would step it with its own local
+// gradient, not the average. Freezing one is fine: it gets no gradient, and the
+// optimizer skips it, as one process does.
+void ShardedOptimizer::check_trainable() const {
+  const auto& all = all_params();
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (!trainable_[i] && all[i].requires_grad())
+      throw ConfigError(fmt::format(
+          "cohort ShardedOptimizer (rank {}): parameter {} (shape {}) was frozen (requires_grad false) when the "
+          "optimizer{} was built, and requires grad now. Its gradient would not be averaged over the ranks: its "
+          "owner would step it with one rank's gradient. Fix: set requires_grad on every parameter before "
+          "building {}, or build {} again after unfreezing",
+          group_.rank(), i, c10::str(all[i].sizes()), sharder_ ? "" : " (and the DDP wrapper)",
+          sharder_ ? "the ShardedOptimizer" : "DDP and the ShardedOptimizer",
+          sharder_ ? "it" : "both"));
 }
 
 void ShardedOptimizer::broadcast_parameters() {

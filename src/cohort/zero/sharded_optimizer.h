@@ -134,6 +134,7 @@ class ShardedOptimizer : public torch::optim::Optimizer,
     std::vector<std::size_t> params;  // indices into parameters()
   };
   void broadcast_parameters();
+  void check_trainable() const;  // Note [Unfreezing after construction]
   const std::vector<at::Tensor>& all_params() const;
   std::vector<at::Tensor> params_of(int rank) const;
   std::unique_ptr<torch::optim::Optimizer> whole_optimizer() const;
@@ -143,6 +144,7 @@ class ShardedOptimizer : public torch::optim::Optimizer,
   OptimizerFactory make_;
   ShardedOptimizerOptions options_;
   std::vector<int> owner_;
+  std::vector<bool> trainable_;  // each parameter's requires_grad at construction
   std::vector<at::Tensor> shard_;
   std::unique_ptr<torch::optim::Optimizer> local_;
   std::vector<Bucket> buckets_;
