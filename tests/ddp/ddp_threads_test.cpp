@@ -208,6 +208,42 @@ TEST(DdpThreads, InputOnAnotherDeviceIsNamedWithBothDevices) {
   });
 }
 
+// Note [The trainable set is fixed at construction]: unfreezing or adding a
+// parameter after wrapping would let the ranks drift apart; the next training
+// forward refuses it on every rank, naming the parameter. Freezing is allowed.
+TEST(DdpThreads, ParameterUnfrozenOrAddedAfterConstructionIsRefusedAtTheNextForward) {
+  for (std::string change : {"unfreeze", "add"}) {
+    run_thread_world(2, [&](cohort::comm::World& world) {
+      auto model = mlp();
+      auto first = model[0]->as<torch::nn::Linear>();
+      if (change == "unfreeze") first->weight.requires_grad_(false);
+      DistributedDataParallel ddp(model, world.group(), DistributedDataParallelOptions().find_unused_parameters(true));
+      ddp(torch::randn({4, 6})).sum().backward();  // a step before the change is fine
+      if (change == "unfreeze") first->weight.requires_grad_(true);
+      else first->register_parameter("extra", torch::ones({8}));
+      {
+        torch::NoGradGuard no_grad;  // evaluation trains nothing: not checked
+        ddp(torch::randn({4, 6}));
+      }
+      try {
+        ddp(torch::randn({4, 6})).sum().backward();
+        FAIL() << change << ": expected the changed trainable set to be refused";
+      } catch (const cohort::ConfigError& e) {
+        std::string what = e.what();
+        EXPECT_NE(what.find(change == "unfreeze" ? "'0.weight'" : "'0.extra'"), std::string::npos) << what;
+        EXPECT_NE(what.find("construct the DistributedDataParallel wrapper again"), std::string::npos) << what;
+      }
+    });
+  }
+  run_thread_world(2, [&](cohort::comm::World& world) {  // freezing a reduced parameter: allowed
+    auto model = mlp();
+    DistributedDataParallel ddp(model, world.group(), DistributedDataParallelOptions().find_unused_parameters(true));
+    ddp(torch::randn({4, 6})).sum().backward();
+    model[0]->as<torch::nn::Linear>()->weight.requires_grad_(false);
+    EXPECT_NO_THROW(ddp(torch::randn({4, 6})).sum().backward());
+  });
+}
+
 TEST(DdpThreads, NonPositiveBucketCapIsAConfigError) {
   run_thread_world(1, [&](cohort::comm::World& world) {
     EXPECT_THROW(DistributedDataParallel(mlp(), world.group(), DistributedDataParallelOptions().bucket_cap_bytes(0)),

@@ -188,4 +188,37 @@ TEST(FailedStepPoints, AStepRefusedForAMissingGradientLeavesTheNextStepExact) {
       options());
 }
 
+// Note [Steps that pair]: a rank whose training forward got no DDP backward (its
+// loss ignored the output) goes on to the next step while its peers are still in
+// this one. Their collectives have the same sizes, so nothing stops them from
+// pairing; the step status tells, and every rank gets an error naming the ranks'
+// steps instead of averaging one step's gradients with another's (or, where sizes
+// differ, an abort inside Gloo).
+TEST(FailedStepPoints, RanksInDifferentStepsAreToldSoInsteadOfAveragingAcrossSteps) {
+  for (bool find_unused : {false, true}) {
+    run_thread_world(
+        2,
+        [&](cohort::comm::World& world) {
+          auto model = cohort::testing::small_mlp();
+          DistributedDataParallel ddp(model, world.group(),
+                                      DistributedDataParallelOptions().find_unused_parameters(find_unused));
+          auto x = torch::ones({4, 6}) * (world.rank() + 1);
+          ddp(x).sum().backward();
+          if (world.rank() == 1) {  // a forward whose backward does not reach DDP
+            auto ignored = ddp(x);
+            (torch::zeros({}, torch::requires_grad()) * 1).backward();
+          }
+          try {
+            ddp(x).sum().backward();
+            ADD_FAILURE() << "find_unused " << find_unused << ": expected the ranks' steps to differ";
+          } catch (const cohort::CommError& e) {
+            std::string what = e.what();
+            EXPECT_NE(what.find("rank 0 in step 2, rank 1 in step 3"), std::string::npos) << what;
+            EXPECT_NE(what.find("NoGradGuard"), std::string::npos) << what;
+          }
+        },
+        options());
+  }
+}
+
 }  // namespace

@@ -2,18 +2,32 @@
 
 #include <torch/csrc/autograd/variable.h>
 
+#include <cstring>
+#include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
 
 namespace cohort::ddp {
 
-std::vector<bool> reachable_accumulators(const std::vector<at::Tensor>& outputs,
-                                         const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators) {
+namespace {
+
+// torch::autograd::Function<T>'s node is CppNode<T>; its mangled name (Itanium ABI,
+// as LibTorch's on Linux) names the template, whatever T is.
+bool is_custom_function(const torch::autograd::Node& node) {
+  return std::strstr(typeid(node).name(), "8autograd7CppNodeI") != nullptr;
+}
+
+}  // namespace
+
+Reachability reachable_accumulators(const std::vector<at::Tensor>& outputs,
+                                    const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators) {
   using torch::autograd::Node;
   std::unordered_map<const Node*, std::size_t> index;
   for (std::size_t i = 0; i < accumulators.size(); ++i) index.emplace(accumulators[i].get(), i);
 
-  std::vector<bool> used(accumulators.size(), false);
+  Reachability result;
+  auto& used = result.used;
+  used.assign(accumulators.size(), false);
   std::unordered_set<const Node*> seen;
   std::vector<Node*> stack;
   auto visit = [&](Node* node) {
@@ -30,9 +44,10 @@ std::vector<bool> reachable_accumulators(const std::vector<at::Tensor>& outputs,
     stack.pop_back();
     auto hit = index.find(node);
     if (hit != index.end()) used[hit->second] = true;
+    else if (!result.through_custom_function && is_custom_function(*node)) result.through_custom_function = true;
     for (const auto& edge : node->next_edges()) visit(edge.function.get());
   }
-  return used;
+  return result;
 }
 
 }  // namespace cohort::ddp

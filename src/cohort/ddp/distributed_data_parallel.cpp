@@ -41,6 +41,12 @@ void trainable_parameters(const torch::nn::Module& module, std::vector<at::Tenso
   }
 }
 
+std::vector<std::pair<const void*, bool>> parameter_layout(const torch::nn::Module& module) {
+  std::vector<std::pair<const void*, bool>> out;
+  for (const auto& p : module.parameters(/*recurse=*/true)) out.emplace_back(p.unsafeGetTensorImpl(), p.requires_grad());
+  return out;
+}
+
 std::vector<at::Tensor> unique_tensors(const std::vector<at::Tensor>& tensors) {
   std::set<const void*> seen;
   std::vector<at::Tensor> out;
@@ -83,7 +89,51 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
     broadcast_coalesced(group_, state, 0);
   }
   divisor_ = group_.size();
+  for (const auto& p : params) reduced_.insert(p.unsafeGetTensorImpl());
+  last_seen_ = parameter_layout(*module_);
+  for (const auto& [impl, trainable] : last_seen_) constructed_with_.insert(impl);
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, options_);
+}
+
+// Note [The trainable set is fixed at construction]
+// DDP hooks, buckets and checks across ranks the parameters that require grad when
+// it is constructed. A parameter that starts to require grad later (unfrozen for
+// fine-tuning) or is registered later would train on each rank's own gradient, and
+// the replicas would drift apart silently, as they do under PyTorch's DDP. So every
+// forward with grad enabled compares the module's parameters with the last ones it
+// saw (one pass over module->parameters(), no collective) and refuses a parameter
+// DDP does not reduce that requires grad. Freezing a parameter DDP reduces is
+// allowed: it gets no gradient, which find_unused_parameters handles (and which is
+// an error naming it without).
+void DistributedDataParallelBase::check_trainable_set() {
+  auto now = parameter_layout(*module_);
+  if (now == last_seen_) return;
+  std::vector<std::string> unfrozen, added;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    const auto* impl = item.value().unsafeGetTensorImpl();
+    if (!item.value().requires_grad() || reduced_.count(impl)) continue;
+    (constructed_with_.count(impl) ? unfrozen : added).push_back(item.key());
+  }
+  if (unfrozen.empty() && added.empty()) {
+    last_seen_ = std::move(now);  // frozen or removed parameters: nothing to refuse
+    return;
+  }
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (std::size_t i = 0; i < names.size(); ++i) out += (i ? ", '" : "'") + names[i] + "'";
+    return out;
+  };
+  std::string what;
+  if (!unfrozen.empty()) what = fmt::format("{} required no grad when DDP was constructed and require it now", list(unfrozen));
+  if (!added.empty())
+    what += fmt::format("{}{} {} registered after DDP was constructed (or replaced by another tensor)",
+                        what.empty() ? "" : "; ", list(added), added.size() == 1 ? "was" : "were");
+  throw ConfigError(fmt::format(
+      "cohort DDP (rank {}): the set of trainable parameters changed after DDP was constructed: parameter(s) {}. "
+      "DDP reduces only the parameters that required grad at its construction, so these would train on each "
+      "rank's own gradient and the replicas would drift apart. Fix: construct the DistributedDataParallel wrapper "
+      "again after changing which parameters train (unfreeze or add them before wrapping)",
+      group_.rank(), what));
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
@@ -105,6 +155,7 @@ void DistributedDataParallelBase::before_forward(const std::vector<at::Tensor>& 
   reducer_->settle();  // Note [A step that failed]: before any collective of this forward
   check_input_devices(inputs);
   const bool grad = at::GradMode::is_enabled();
+  if (grad) check_trainable_set();
   // Note [When buffers are synchronised]
   const bool sync_buffers = options_.broadcast_buffers() && buffers_due_ && !buffers_.empty();
   buffers_due_ = grad && require_sync_;

@@ -34,6 +34,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "cohort/comm/group.h"
@@ -101,6 +103,8 @@ class DistributedDataParallelBase {
 
  private:
   void check_input_devices(const std::vector<at::Tensor>& inputs) const;
+  // Note [The trainable set is fixed at construction]
+  void check_trainable_set();
   JoinRound join_round(bool active, bool grad_enabled, bool sync, bool sync_buffers);
   void shadow_until_all_joined();
 
@@ -110,6 +114,10 @@ class DistributedDataParallelBase {
   std::unique_ptr<Reducer> reducer_;
   std::vector<at::Tensor> buffers_;
   std::optional<c10::Device> device_;  // set when every parameter lives on one device
+  // Note [The trainable set is fixed at construction]
+  std::unordered_set<const void*> constructed_with_;  // every parameter's TensorImpl
+  std::unordered_set<const void*> reduced_;           // those DDP reduces
+  std::vector<std::pair<const void*, bool>> last_seen_;  // (TensorImpl, requires_grad), in order
   bool require_sync_ = true;
   bool buffers_due_ = true;  // Note [When buffers are synchronised]
   double divisor_ = 1;

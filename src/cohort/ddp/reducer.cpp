@@ -32,6 +32,21 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
   std::size_t index_;
 };
 
+// Runs before the node that made one of DDP's outputs, in the graph task that
+// differentiates them (Note [Where backward ends]).
+class OutputsReachedHook : public torch::autograd::FunctionPreHook {
+ public:
+  OutputsReachedHook(std::weak_ptr<Reducer*> reducer, std::uint64_t step) : reducer_(std::move(reducer)), step_(step) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (auto reducer = reducer_.lock()) (*reducer)->on_outputs_reached(step_);
+    return grads;
+  }
+
+ private:
+  std::weak_ptr<Reducer*> reducer_;
+  std::uint64_t step_;
+};
+
 // Note [Gradients that alias a bucket]
 // A parameter's slice of its bucket shares the bucket's storage but is *not* an
 // autograd view of it (narrow().view() would be): LibTorch 1.13's
@@ -64,6 +79,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       hook_(options_.comm_hook() ? options_.comm_hook() : all_reduce_hook()),
       status_(group_, params_.empty() ? c10::Device(c10::kCPU) : params_.front().device()) {
   TORCH_INTERNAL_ASSERT(params_.size() == names_.size());
+  self_ = std::make_shared<Reducer*>(this);
   timed_ = options_.record_timings() || group_.timeline() != nullptr;
   if (params_.empty())
     throw ConfigError("cohort DDP: the module has no parameter that requires grad, so there is nothing to "
@@ -180,10 +196,16 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
     b.launched = false;
   }
   if (!rebuilt_) arrivals_.clear();
+  ++step_;
+  hook_outputs(outputs);
 
   const bool static_first = options_.static_graph() && !static_unused_known_;
   if (static_first || (options_.find_unused_parameters() && !options_.static_graph())) {
-    locally_used_ = reachable_accumulators(outputs, accumulators_);
+    auto walk = reachable_accumulators(outputs, accumulators_);
+    // Note [Parameters behind a custom function]: what the walk cannot reach may
+    // still come; what got no gradient by the end of backward is unused then.
+    if (walk.through_custom_function) std::fill(locally_used_.begin(), locally_used_.end(), true);
+    else locally_used_ = std::move(walk.used);
   } else if (options_.static_graph()) {
     locally_used_ = static_used_;
   } else {
@@ -193,9 +215,32 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs, bool 
     static_used_ = locally_used_;
     static_unused_known_ = true;
   }
-  if (options_.find_unused_parameters() || static_first) launch_unused_mask();
+  mask_due_ = options_.find_unused_parameters() || static_first;
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (!locally_used_[i]) mark_ready(i);
+}
+
+void Reducer::hook_outputs(const std::vector<at::Tensor>& outputs) {
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad() || !out.grad_fn()) continue;
+    auto& hooks = out.grad_fn()->pre_hooks();
+    // A node that outlives its step (an output kept across forwards) keeps one hook.
+    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                               [](const auto& h) { return dynamic_cast<OutputsReachedHook*>(h.get()) != nullptr; }),
+                hooks.end());
+    hooks.push_back(std::make_unique<OutputsReachedHook>(self_, step_));
+  }
+}
+
+void Reducer::on_outputs_reached(std::uint64_t step) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == Phase::kSync && step == step_) queue_finalize();
+}
+
+void Reducer::queue_finalize() {
+  if (callback_queued_) return;
+  callback_queued_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
 }
 
 void Reducer::reset_timings() {
@@ -223,6 +268,7 @@ void Reducer::launch_unused_mask() {
 void Reducer::end_step() {
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
   if (!rebuilt_) rebuild_due_ = true;
+  mask_due_ = false;
   phase_ = Phase::kIdle;
 }
 
@@ -253,10 +299,7 @@ void Reducer::on_gradient_ready(std::size_t index) {
         group_.rank(), names_[index]));
   }
   hooks_fired_ = true;
-  if (!callback_queued_) {
-    callback_queued_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
-  }
+  queue_finalize();  // where no output's hook ran first (Note [Where backward ends])
   if (!rebuilt_) arrivals_.push_back(index);
   mark_ready(index);
   if (timed_) note_completions(elapsed());

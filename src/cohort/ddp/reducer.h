@@ -8,8 +8,9 @@
 //   prepare_for_backward(outputs)  arm the hooks; mark unused parameters ready
 //   ... backward: each gradient accumulator's post-hook copies the gradient into its
 //       bucket; a full bucket's reduction starts at once, in plan order
-//   finalize (an autograd callback at the end of backward): launch the step's
-//       status, wait for every bucket, write the averages back to .grad
+//   finalize (an autograd callback at the end of backward, Note [Where backward
+//       ends]): launch the step's status, wait for every bucket, write the
+//       averages back to .grad
 //   settle()                       at the next forward: close a step whose
 //       backward failed part-way (Note [A step that failed], step_status.h)
 // How a step ends (completed, mirrored under join, failed) is in step_end.cpp.
@@ -25,6 +26,19 @@
 // each step costs memory traffic for no gain. With gradient_as_bucket_view, .grad
 // tensors are re-pointed at the new buckets, keeping values accumulated under no_sync.
 //
+// Note [Where backward ends]
+// The end-of-backward work is an autograd callback, and a callback runs when the
+// graph task that queued it ends. A reentrant backward (a segment checkpointed
+// without .modules(), Note [Parameters behind a custom function]) is a graph task
+// of its own, nested in the user's: a callback queued from a gradient hook that
+// fires inside it would run when the segment is done, with the parameters before
+// it still to come. So prepare_for_backward puts a pre-hook on the node that made
+// each output: the first to run queues the callback, in the task that
+// differentiates DDP's outputs, which is the whole of DDP's backward. A gradient
+// hook queues it only where no output hook ran first (an output without a
+// grad_fn, or a backward that does not pass through the outputs); then it is the
+// outermost task that reaches the parameters anyway.
+//
 // Note [Stream ordering]
 // On CUDA, the hooks copy gradients into buckets on autograd's current stream.
 // ProcessGroupNCCL makes its own communication stream wait for the current stream
@@ -36,6 +50,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -80,8 +95,10 @@ class Reducer {
   bool rebuilt() const { return rebuilt_; }
   const IterationTimings& last_timings() const { return timings_; }
 
-  // Called by the gradient accumulators' hooks and the end-of-backward callback.
+  // Called by the gradient accumulators' hooks, the outputs' hooks (`step` is the
+  // step that installed them) and the end-of-backward callback.
   void on_gradient_ready(std::size_t index);
+  void on_outputs_reached(std::uint64_t step);
   void finalize_backward();
 
  private:
@@ -101,6 +118,11 @@ class Reducer {
   void mark_ready(std::size_t index);
   void launch_ready_buckets();
   void launch_remaining_buckets();
+  // Note [Where backward ends]
+  void hook_outputs(const std::vector<at::Tensor>& outputs);
+  void queue_finalize();
+  // After the last bucket: which parameters this rank used (find_unused_parameters,
+  // static_graph's first step). Every rank launches it at the same point of the step.
   void launch_unused_mask();
   // Waits for the mask; true where some rank used the parameter.
   std::vector<bool> take_unused_mask();
@@ -143,6 +165,11 @@ class Reducer {
   double divisor_ = 1;
   at::Tensor inverse_divisor_;  // 1 / divisor_, a 0-dim tensor for mul_out
   bool callback_queued_ = false;
+  // Synchronised steps prepared (and mirrored under join): the outputs' hooks and
+  // the step status carry it (Note [Steps that pair] in step_status.h).
+  std::uint64_t step_ = 0;
+  std::shared_ptr<Reducer*> self_;  // the outputs' hooks hold it weakly: a graph may outlive DDP
+  bool mask_due_ = false;   // this step ends with the unused-parameter mask
   bool hooks_fired_ = false;
   std::vector<bool> ready_;
   std::vector<bool> locally_used_;

@@ -51,7 +51,8 @@ void Reducer::finalize_backward() {
           group_.rank(), missing.size(), join_names(missing)));
     }
   }
-  status_.launch(/*failed=*/false);
+  if (mask_due_) launch_unused_mask();
+  status_.launch(/*failed=*/false, step_);
   auto failed = wait_for_step();
   if (!failed.empty()) {
     std::vector<std::string> ranks;
@@ -100,17 +101,17 @@ void Reducer::shadow_backward(double divisor) {
   set_divisor(divisor);
   reset_timings();
   const bool static_first = options_.static_graph() && !static_unused_known_;
-  if (options_.find_unused_parameters() || static_first) {
-    std::fill(locally_used_.begin(), locally_used_.end(), false);
-    launch_unused_mask();
-  }
   next_bucket_ = 0;
   for (auto& b : buckets_) {
     b.buffer.zero_();
     b.pending = 0;
   }
   launch_ready_buckets();
-  status_.launch(/*failed=*/false);
+  if (options_.find_unused_parameters() || static_first) {  // after the buckets, as the others launch it
+    std::fill(locally_used_.begin(), locally_used_.end(), false);
+    launch_unused_mask();
+  }
+  status_.launch(/*failed=*/false, ++step_);  // mirrors the active ranks' step (Note [Steps that pair])
   wait_for_step();  // a rank whose backward failed in this step is the active ranks' concern
   if (unused_mask_.defined()) {
     auto used = take_unused_mask();
@@ -139,6 +140,7 @@ void Reducer::abandon_iteration(bool wait_launched) {
   }
   unused_mask_ = at::Tensor();
   unused_mask_work_ = comm::Pending();
+  mask_due_ = false;
   if (status_.launched()) status_.drop();
   next_bucket_ = 0;
   phase_ = Phase::kIdle;
@@ -148,7 +150,8 @@ void Reducer::abandon_iteration(bool wait_launched) {
 // order, so that every rank's sequence stays paired with the others'.
 void Reducer::close_failed_step() {
   launch_remaining_buckets();
-  if (!status_.launched()) status_.launch(/*failed=*/true);
+  if (mask_due_ && !unused_mask_.defined()) launch_unused_mask();
+  if (!status_.launched()) status_.launch(/*failed=*/true, step_);
   wait_for_step();
   abandon_iteration(/*wait_launched=*/false);
   // With bucket views, .grad is bucket memory, and the reductions just waited for

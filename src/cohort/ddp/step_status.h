@@ -29,8 +29,21 @@
 // completed that step, they time out in it, naming this rank.
 // The cost: one all-reduce of world-size ints per synchronised step, launched after
 // the last bucket, so it rides behind the gradients' communication.
+//
+// Note [Steps that pair]
+// Collectives pair by order, not by step. A rank whose training forward got no
+// DDP backward (its loss ignored the outputs) treats it as a forward without
+// backward and goes on to the next step alone: its next step's buckets then pair
+// with its peers' buckets of this one. The sizes agree, so Gloo does not notice,
+// and every rank would average one step's gradients with another's (or, where a
+// bucket met a collective of another size, Gloo aborts the process). So each
+// rank's slot of the status also carries its step number (forwards with grad
+// enabled outside no_sync, mirrored ones under join included), and where they
+// differ wait() throws CommError on every rank, naming each rank's step: the
+// averages are discarded, as for a failed step.
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "cohort/comm/group.h"
@@ -41,11 +54,13 @@ class StepStatus {
  public:
   StepStatus(comm::Group group, c10::Device device);
 
-  // Launches this rank's part; `failed` is whether its backward failed. A group of
-  // one has no peer to tell, and launches nothing.
-  void launch(bool failed);
+  // Launches this rank's part; `failed` is whether its backward failed, `step` is
+  // the step it closes (Note [Steps that pair]). A group of one has no peer to
+  // tell, and launches nothing.
+  void launch(bool failed, std::uint64_t step = 0);
   bool launched() const { return launched_; }
-  // Waits (bounded); the group ranks whose backward failed, ascending.
+  // Waits (bounded); the group ranks whose backward failed, ascending. Throws
+  // CommError where the ranks closed different steps (Note [Steps that pair]).
   std::vector<int> wait();
   // Forgets a launched status without waiting (the group is broken anyway).
   void drop();
@@ -59,5 +74,7 @@ class StepStatus {
 
 // Pure: the ranks whose slot is set in a summed status.
 std::vector<int> failed_ranks(const at::Tensor& summed);
+// Pure: each rank's step in a summed status.
+std::vector<std::uint64_t> status_steps(const at::Tensor& summed);
 
 }  // namespace cohort::ddp
