@@ -71,14 +71,23 @@ class CpuGeneratorLease {
 };
 
 // One seed per CPU replica that runs, drawn in the calling thread, where two or more
-// replicas run on the CPU; none (the default generator, as a plain module) otherwise,
-// and none in a forward nested in a CPU replica's: its threads would wait for the
-// lease that the thread waiting for them holds.
-std::vector<std::optional<std::uint64_t>> replica_seeds(const std::vector<c10::Device>& devices, std::size_t running) {
+// replicas run on the CPU in training mode; none (the default generator, as a plain
+// module) otherwise: in eval mode dropout draws nothing, and the replicas keep running
+// at once, as LocalPipeline's parts do (Note [Generators of the device threads]). None
+// either in a forward nested in a CPU replica's: its threads would wait for the lease
+// that the thread waiting for them holds.
+std::vector<std::optional<std::uint64_t>> replica_seeds(const std::vector<c10::Device>& devices,
+                                                        const std::vector<std::shared_ptr<torch::nn::Module>>& replicas,
+                                                        std::size_t running) {
   std::vector<std::optional<std::uint64_t>> seeds(running);
   std::size_t on_cpu = 0;
-  for (std::size_t i = 0; i < running; ++i) on_cpu += devices[i].is_cpu() ? 1 : 0;
-  if (on_cpu < 2 || holds_cpu_generator) return seeds;
+  bool training = false;
+  for (std::size_t i = 0; i < running; ++i)
+    if (devices[i].is_cpu()) {
+      ++on_cpu;
+      training = training || replicas[i]->is_training();
+    }
+  if (on_cpu < 2 || !training || holds_cpu_generator) return seeds;
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> guard(gen.mutex());
   for (std::size_t i = 0; i < running; ++i)
@@ -234,7 +243,7 @@ at::Tensor DataParallelBase::run(const at::Tensor& input,
   // Note [State of the device threads] (pipeline/local_pipeline.cpp), plus autocast's dtype.
   const at::ThreadLocalState state;
   const auto autocast = amp::AutocastState::capture();
-  const auto seeds = replica_seeds(devices, chunks.size());
+  const auto seeds = replica_seeds(devices, replicas_, chunks.size());
   auto work = [&](std::size_t i) {
     try {
       CpuGeneratorLease generator(seeds[i]);  // Note [One CPU generator per replica]

@@ -62,13 +62,18 @@
 // thread is then the replica's own, and recompute's capture and restore of "the CPU
 // generator" (Note [Recomputing exactly]) act on that one: its backward restores the
 // state captured inside the replica's forward, then the state it found. The cost: CPU
-// replicas run their forwards one at a time (each operator still uses the intra-op
-// thread pool), and a forward nested in a replica (a DataParallel inside a replica)
-// runs without leasing again, so its replicas are not reproducible. Other threads of
-// the program that draw from the default CPU generator during a forward draw from a
-// replica's stream, as they raced with the replicas before. CUDA replicas on distinct
-// devices each use their device's generator and need none of this; two replicas on
-// the same CUDA device still share its generator.
+// replicas in training mode run their forwards one at a time (each operator still
+// uses the intra-op thread pool; in eval mode, where dropout draws nothing, they run
+// at once and draw from the default generator), and a forward nested in a replica (a
+// DataParallel inside a replica) runs without leasing again, so its replicas are not
+// reproducible. Other threads of the program that draw from the default CPU generator
+// during a forward draw from a replica's stream, as they raced with the replicas
+// before. CUDA replicas on distinct devices each use their device's generator and
+// need none of this; two replicas on the same CUDA device still share its generator.
+// LocalPipeline does the same for parts sharing a device (Note [Generators of the
+// device threads] in pipeline/local_pipeline.cpp), with a lease per call; this one is
+// process-wide, so two DataParallels forwarding at once from two threads do not
+// swap the generator under each other.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/arg.h>
