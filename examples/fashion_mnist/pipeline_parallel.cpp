@@ -89,7 +89,8 @@ class PipelineParallel : public Strategy {
       std::vector<std::size_t> indices(std::min(kBatch, end - first));
       std::iota(indices.begin(), indices.end(), first);
       auto batch = test.get_batch(indices);
-      auto out = pipe_.forward({batch.data.to(device_)});
+      // In float32 under --amp too, as the plain trainer evaluates (evaluate.cpp).
+      auto out = pipe_.forward({batch.data.to(device_)}, 1, /*mixed_precision=*/false);
       if (!pipe_.is_last()) continue;
       auto target = batch.target.to(device_);
       loss_sum += torch::nn::functional::cross_entropy(

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "cohort/checkpoint/checkpointer.h"
+#include "cohort/pipeline/checkpoint.h"
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/checkpoint/state_dict.h"
 #include "cohort/checkpoint/torch_format.h"
@@ -100,6 +101,9 @@ int train(const TrainerOptions& o) {
   std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer;
   cohort::checkpoint::TrainingProgress progress;
   if (!o.checkpoint_dir.empty()) {
+    // Stage checkpoints hold parts of the model: a run without a pipeline refuses them
+    // (a pipeline run refuses whole-model ones in its resume).
+    if (o.pipeline_stages <= 1) cohort::pipeline::refuse_pipeline_checkpoints(o.checkpoint_dir);
     checkpointer = strategy->checkpointer(o);
     if (auto restored = strategy->resume(*checkpointer, *optimizer)) {
       progress = restored->progress;

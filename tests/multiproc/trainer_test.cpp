@@ -258,6 +258,14 @@ TEST(Trainer, PipelineCheckpointsRefuseAnotherCutAndKeepTheirSteps) {
               std::string::npos)
         << describe(other);
   EXPECT_EQ(listing(), before);
+  // Without a pipeline the stage checkpoints cannot resume either (issue 29, pipeline D4).
+  auto plain = run_trainer(1, args);
+  EXPECT_NE(plain.exit_code, 0) << describe(plain);
+  EXPECT_NE(plain.err.find("error: cohort: the checkpoints in " + ckpt + " (stage-<s> directories) were written by "
+                           "a pipeline of 2 stages (2 pipeline ranks x 1 virtual stages)"),
+            std::string::npos)
+      << describe(plain);
+  EXPECT_EQ(listing(), before);
   auto again = run_trainer(2, with(args, {"--pipeline-stages", "2"}));
   ASSERT_EQ(again.exit_code, 0) << describe(again);
   EXPECT_NE(again.out.find("resuming from " + ckpt + "/stage-0/step-000000003"), std::string::npos) << again.out;
