@@ -167,11 +167,13 @@ BucketWork PowerSGDHook::start(comm::Group& group, GradBucket& bucket) {
   // orthogonalised, as PyTorch does.
   std::vector<at::Tensor> qs;
   for (std::size_t i = 0; i < s->matrices.size(); ++i) {
-    auto& q = memory_[s->owners[i]].q;
+    at::Tensor q = memory_[s->owners[i]].q;
     const bool fits = q.defined() && q.size(0) == s->matrices[i].size(1) && q.size(1) == s->ranks[i];
     if (!options_.warm_start() || !fits)
       q = at::randn({s->matrices[i].size(1), s->ranks[i]}, generator_, at::TensorOptions().dtype(at::kFloat));
-    q = q.to(buffer.options());  // a fresh one, or one loaded from a checkpoint, is on the CPU
+    // A copy on the buckets' device (a fresh one, or one loaded from a checkpoint, is
+    // on the CPU): the memory changes only in the final step (Note [Non-finite buckets]).
+    q = q.to(buffer.options(), /*non_blocking=*/false, /*copy=*/true);
     orthogonalize_columns(q, options_.orthogonalization_epsilon());
     qs.push_back(q);
   }
@@ -189,22 +191,35 @@ BucketWork PowerSGDHook::start(comm::Group& group, GradBucket& bucket) {
   const double divisor = bucket.divisor();
   return BucketWork(std::move(pending), [this, memories, gradients, inputs, s, ps, plain, flat_p, handle, epsilon,
                                          divisor]() mutable {
-    if (plain.defined()) unflatten_into(plain, s->plain);
+    // Note [Non-finite buckets]: whether any rank's bucket held inf or NaN, read off
+    // the reduced tensors, which are the same on every rank.
+    std::vector<at::Tensor> reduced;
+    if (plain.defined()) {
+      unflatten_into(plain, s->plain);
+      reduced.push_back(plain);
+    }
+    std::vector<at::Tensor> qs;
     if (flat_p.defined()) {
+      reduced.push_back(flat_p);
       unflatten_into(flat_p, *ps);
-      std::vector<at::Tensor> qs;
       for (std::size_t i = 0; i < ps->size(); ++i) {
         orthogonalize_columns((*ps)[i], epsilon);
         qs.push_back(at::matmul(s->matrices[i].t(), (*ps)[i]));
       }
       auto flat_q = flatten(qs);
-      handle.all_reduce(flat_q);
+      handle.all_reduce(flat_q);  // always: every rank runs the same collectives
+      reduced.push_back(flat_q);
       unflatten_into(flat_q, qs);
-      for (std::size_t i = 0; i < ps->size(); ++i) {
-        s->matrices[i].copy_(at::matmul((*ps)[i], qs[i].t()));
-        memory_[s->owners[i]].q = qs[i];
-      }
+      for (std::size_t i = 0; i < ps->size(); ++i) s->matrices[i].copy_(at::matmul((*ps)[i], qs[i].t()));
     }
+    bool finite = true;
+    if (!reduced.empty()) {
+      auto all = at::isfinite(reduced[0]).all();
+      for (std::size_t i = 1; i < reduced.size(); ++i) all = at::logical_and(all, at::isfinite(reduced[i]).all());
+      finite = all.item<bool>();
+    }
+    if (!finite) return;  // the bucket holds inf or NaN for the GradScaler to see; memories as they were
+    for (std::size_t i = 0; i < qs.size(); ++i) memory_[s->owners[i]].q = qs[i];
     // PyTorch keeps (g + e) - average; in the bucket's divided units that is
     // x - (the reduced gradient) / divisor.
     for (std::size_t i = 0; i < inputs->size(); ++i)

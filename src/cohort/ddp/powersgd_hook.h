@@ -28,10 +28,25 @@
 // run starts from the first plan again, so only the parameter finds its memory in
 // both. A parameter whose shape changed starts afresh. start_powerSGD_iter must
 // still be at least 2 with error feedback or warm start, as PyTorch requires.
+// The memories change only in step 4, and only when the bucket came out finite
+// (Note [Non-finite buckets]).
 // The bucket arrives divided by the world size (Note [Divide on the way in]), so
 // the sums are averages; r is min(n, m, matrix_approximation_rank). The second
 // all-reduce depends on the first: it runs when DDP waits for the bucket, at the end
 // of backward, so only the first overlaps with backward.
+//
+// Note [Non-finite buckets]
+// With a GradScaler, a step whose gradients overflowed is skipped, and the scale
+// backs off. PyTorch's hook stores that step's inf or NaN in its error memory (and
+// its warm-start Q), adds it to every later step's gradients, and so every later
+// step overflows too: training stops for good. Here an inf or NaN on any rank
+// reaches every rank's reduced P, Q or flat rest (inf times anything, or summed
+// with anything, is not finite), so every rank sees it without another
+// collective. Such a bucket still comes out non-finite on every rank, for the
+// scaler to skip the step, but the error memories and Qs of its parameters stay
+// as they were before the step, as if the step had not happened. (Other, finite
+// buckets of that step keep their update: the memories are per bucket's
+// parameters, and the hook cannot know whether the scaler will skip the step.)
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
