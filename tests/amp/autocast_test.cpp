@@ -37,6 +37,44 @@ TEST(Autocast, NestedGuardsRestoreWhatTheyFound) {
   EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kBFloat16);
 }
 
+// Note [Nested cast cache]: as torch.autocast, an inner guard inherits an outer
+// guard's disabled cache, so a weight the optimizer changed is cast afresh each step
+// (before, the inner guard's cache kept step 0's casts: y was off by 8.8 at step 1).
+TEST(Autocast, AnInnerGuardKeepsTheCacheAnOuterOneDisabled) {
+  torch::manual_seed(0);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(2, 3, 3));
+  auto x = torch::randn({1, 2, 5, 5});
+  EXPECT_TRUE(at::autocast::is_autocast_cache_enabled());
+  {
+    Autocast outer{AutocastOptions(torch::kCPU).cache_enabled(false)};
+    for (int step = 0; step < 2; ++step) {
+      torch::Tensor y;
+      {
+        Autocast inner{AutocastOptions(torch::kCPU)};
+        EXPECT_FALSE(at::autocast::is_autocast_cache_enabled());
+        {
+          Autocast innermost(AutocastOptions(torch::kCPU).cache_enabled(true));
+          EXPECT_FALSE(at::autocast::is_autocast_cache_enabled());
+        }
+        y = conv(x);
+      }
+      EXPECT_FALSE(at::autocast::is_autocast_cache_enabled());
+      // The same convolution on this step's weights, cast by hand outside autocast.
+      torch::Tensor expected;
+      {
+        Autocast off(AutocastOptions(torch::kCPU).enabled(false));
+        expected = torch::conv2d(x.to(torch::kBFloat16), conv->weight.detach().to(torch::kBFloat16),
+                                 conv->bias.detach().to(torch::kBFloat16));
+      }
+      EXPECT_TRUE(torch::equal(y, expected)) << "step " << step << ": max|y - expected| "
+                                             << (y.to(torch::kFloat) - expected.to(torch::kFloat)).abs().max();
+      torch::NoGradGuard no_grad;
+      for (auto& p : conv->parameters()) p.add_(1.0);  // the optimizer's in-place update
+    }
+  }
+  EXPECT_TRUE(at::autocast::is_autocast_cache_enabled());
+}
+
 TEST(Autocast, GradientsOfFloatParametersStayFloat) {
   torch::manual_seed(0);
   torch::nn::Linear layer(8, 3);

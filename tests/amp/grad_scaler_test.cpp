@@ -110,6 +110,44 @@ TEST(GradScaler, GrowthThatWouldOverflowFloatKeepsTheScale) {
   EXPECT_EQ(scaler.get_scale(), top);
 }
 
+// Note [A float32 scale]: for a scale that is not a power of two, the sequence is
+// PyTorch's float32 one, bitwise. The expected values are PyTorch 1.13's
+// (_amp_update_scale_'s arithmetic: shared/repro/amp-dp-ddp, `ref_amp.py sequence
+// 1000.1 3 0.3 3 0001000011000000001`). A double scale drifted by an ulp from the
+// first step on (1000.1 instead of 1000.0999755859375).
+TEST(GradScaler, TheScaleSequenceIsPyTorchsFloat32One) {
+  Toy s;
+  torch::optim::SGD opt(s.model->parameters(), 0.0);
+  GradScaler scaler(GradScalerOptions().init_scale(1000.1).growth_factor(3).backoff_factor(0.3).growth_interval(3));
+  EXPECT_EQ(scaler.get_scale(), 1000.0999755859375);
+  EXPECT_EQ(scaler.state_dict().at("scale").toDouble(), 1000.0999755859375);
+  const std::string pattern = "0001000011000000001";
+  const std::vector<double> pytorch = {
+      1000.0999755859375, 1000.0999755859375, 3000.2998046875,    900.0899658203125, 900.0899658203125,
+      900.0899658203125,  2700.27001953125,   2700.27001953125,   810.08099365234375, 243.0242919921875,
+      243.0242919921875,  243.0242919921875,  729.0728759765625,  729.0728759765625, 729.0728759765625,
+      2187.21875,         2187.21875,         2187.21875,         656.1656494140625};
+  ASSERT_EQ(pattern.size(), pytorch.size());
+  for (std::size_t step = 0; step < pattern.size(); ++step) {
+    opt.zero_grad();
+    scaler.scale(s.loss()).backward();
+    if (pattern[step] == '1') s.model->parameters()[0].mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(scaler.step(opt), pattern[step] == '0') << "step " << step;
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), pytorch[step]) << "step " << step;
+  }
+  // The unscaled gradients are those of PyTorch's float32 1 / scale.
+  opt.zero_grad();
+  scaler.scale(s.loss()).backward();
+  const auto scaled = s.snapshot(true);
+  scaler.unscale_(opt);
+  const float inv = static_cast<float>(1.0 / 656.1656494140625);
+  const auto got = s.snapshot(true);
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], scaled[i] * inv)) << i;
+  // An init_scale that float32 cannot hold is refused.
+  EXPECT_THROW(GradScaler(GradScalerOptions().init_scale(1e39)), cohort::ConfigError);
+}
+
 TEST(GradScaler, MisuseIsNamed) {
   Toy s;
   torch::optim::SGD opt(s.model->parameters(), 0.1);

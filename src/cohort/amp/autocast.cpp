@@ -44,7 +44,8 @@ Autocast::Autocast(AutocastOptions options)
   const auto dtype = checked_dtype(options);
   compat::set_autocast_enabled(device_, options.enabled());
   compat::set_autocast_dtype(device_, dtype);
-  at::autocast::set_autocast_cache_enabled(options.cache_enabled());
+  // Note [Nested cast cache]: on only where the guard asks and the caller had it on.
+  at::autocast::set_autocast_cache_enabled(options.cache_enabled() && previous_cache_);
   at::autocast::increment_nesting();
 }
 

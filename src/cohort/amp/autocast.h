@@ -11,6 +11,16 @@
 // Guards nest: an inner one may change the dtype or disable autocast, and each exit
 // restores what its entry found. Leaving the outermost guard clears the cache of
 // weight casts, so a weight changed by the optimizer is cast again next step.
+//
+// Note [Nested cast cache]
+// The cache is cleared only when the outermost guard exits. An inner guard that
+// turned the cache on inside an outer one that had it off would fill it, and its
+// casts would outlive the inner guard: the next step's inner guard would use the
+// casts of weights the optimizer has since changed. So a guard's cache is on only
+// if its option says so and it was on where the guard was entered; the exit
+// restores exactly what the entry found. PyTorch's torch.autocast inherits the
+// outer setting when cache_enabled is not given (our default gives the same), but
+// lets an explicit cache_enabled=True turn it back on, with the stale casts above.
 // The state is per thread; LocalPipeline and DataParallel carry it to their device
 // threads.
 #include <c10/core/DeviceType.h>
@@ -29,7 +39,8 @@ struct AutocastOptions {
   // default on CUDA (bfloat16 also works there).
   TORCH_ARG(std::optional<c10::ScalarType>, dtype) = std::nullopt;
   TORCH_ARG(bool, enabled) = true;
-  // Keep casts of leaf tensors (weights) for the guard's lifetime.
+  // Keep casts of leaf tensors (weights) for the guard's lifetime. A guard nested in
+  // one that disabled the cache leaves it disabled (Note [Nested cast cache]).
   TORCH_ARG(bool, cache_enabled) = true;
 };
 

@@ -29,9 +29,11 @@ double number(const GenericDict& state, const char* key) {
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options, std::optional<comm::Group> group)
-    : options_(options), group_(std::move(group)), scale_(options.init_scale()) {
-  if (!(options_.init_scale() > 0) || !std::isfinite(options_.init_scale()))
-    throw ConfigError(fmt::format("cohort GradScaler: init_scale must be positive and finite, not {}",
+    : options_(options), group_(std::move(group)), scale_(static_cast<float>(options.init_scale())) {
+  // Note [A float32 scale]: it must stay positive and finite once rounded to float32.
+  if (!(options_.init_scale() > 0) || !std::isfinite(options_.init_scale()) || !(scale_ > 0) || !std::isfinite(scale_))
+    throw ConfigError(fmt::format("cohort GradScaler: init_scale must be positive and finite in float32 (the scale "
+                                  "is a float32, as PyTorch's), not {}",
                                   options_.init_scale()));
   if (!(options_.growth_factor() > 1.0))
     throw ConfigError(fmt::format("cohort GradScaler: growth_factor must be above 1, not {}", options_.growth_factor()));
@@ -59,7 +61,8 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // Note [Exact unscaling]: the reciprocal of a power of two is exact in float, so
   // multiplying by it gives bitwise the gradient an unscaled backward would have
   // (barring values that under- or overflowed while scaled).
-  const double inv = 1.0 / scale_;
+  // As PyTorch's: the reciprocal in double, rounded to float32 (Note [A float32 scale]).
+  const float inv = static_cast<float>(1.0 / static_cast<double>(scale_));
   // Every gradient is checked before any is changed: a refusal leaves them as they were.
   std::size_t index = 0, with_grad = 0;
   for (auto& group : optimizer.param_groups())
@@ -130,12 +133,12 @@ void GradScaler::update() {
   // As PyTorch's _amp_update_scale_, whose scale is a float32 tensor: growth that
   // would overflow float32 leaves the scale where it is.
   if (found) {
-    scale_ = static_cast<double>(static_cast<float>(scale_ * options_.backoff_factor()));
+    scale_ = static_cast<float>(static_cast<double>(scale_) * options_.backoff_factor());
     growth_tracker_ = 0;
     return;
   }
   if (++growth_tracker_ < options_.growth_interval()) return;
-  const float grown = static_cast<float>(scale_ * options_.growth_factor());
+  const float grown = static_cast<float>(static_cast<double>(scale_) * options_.growth_factor());
   if (std::isfinite(grown)) scale_ = grown;
   growth_tracker_ = 0;
 }
@@ -143,7 +146,7 @@ void GradScaler::update() {
 c10::impl::GenericDict GradScaler::state_dict() const {
   GenericDict state(c10::StringType::get(), c10::AnyType::get());
   if (!options_.enabled()) return state;
-  state.insert("scale", scale_);
+  state.insert("scale", static_cast<double>(scale_));
   state.insert("growth_factor", options_.growth_factor());
   state.insert("backoff_factor", options_.backoff_factor());
   state.insert("growth_interval", options_.growth_interval());
@@ -165,7 +168,8 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
                                 key, value, want));
   };
   // The constructor's checks, so a loaded scaler behaves as a constructed one.
-  if (!(scale > 0) || !std::isfinite(scale)) refuse("scale", scale, "positive and finite");
+  const float scale32 = static_cast<float>(scale);  // Note [A float32 scale]
+  if (!(scale32 > 0) || !std::isfinite(scale32)) refuse("scale", scale, "positive and finite in float32");
   if (!(growth > 1.0) || !std::isfinite(growth)) refuse("growth_factor", growth, "above 1");
   if (!(backoff > 0 && backoff < 1.0)) refuse("backoff_factor", backoff, "between 0 and 1");
   if (!(interval >= 1) || interval != std::floor(interval)) refuse("growth_interval", interval, "an integer of at least 1");
@@ -174,7 +178,7 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
   options_.growth_factor(growth);
   options_.backoff_factor(backoff);
   options_.growth_interval(static_cast<std::int64_t>(interval));
-  scale_ = scale;
+  scale_ = scale32;
   growth_tracker_ = static_cast<std::int64_t>(tracker);
   per_optimizer_.clear();
 }

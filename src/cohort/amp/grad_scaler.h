@@ -24,6 +24,13 @@
 // and scales would drift apart for good. So unscale_ all-reduces the found-inf flag
 // (MAX) over the group before anyone decides: every rank skips the same steps and
 // keeps the same scale. One small all-reduce per optimizer and step.
+//
+// Note [A float32 scale]
+// PyTorch keeps the scale in a float32 tensor: init_scale is rounded to float32 on
+// construction, and each backoff or growth multiplies in double and rounds back to
+// float32 (_amp_update_scale_). So does the scale here, a float, so that a scale
+// that is not a power of two (init_scale 1000.1, backoff_factor 0.3) follows
+// PyTorch's sequence bitwise, and the inverse used to unscale is float32 1 / scale.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/Dict.h>
 #include <torch/arg.h>
@@ -66,6 +73,7 @@ class GradScaler {
   // after growth_interval of them.
   void update();
 
+  // The float32 scale, widened (Note [A float32 scale]).
   double get_scale() const { return scale_; }
   std::int64_t growth_tracker() const { return growth_tracker_; }
   bool is_enabled() const { return options_.enabled(); }
@@ -86,7 +94,7 @@ class GradScaler {
 
   GradScalerOptions options_;
   std::optional<comm::Group> group_;
-  double scale_;
+  float scale_;  // Note [A float32 scale]
   std::int64_t growth_tracker_ = 0;
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
   std::optional<c10::Device> device_;  // where the found-inf flag is reduced: the loss's
