@@ -25,6 +25,28 @@ void run_ranks(int n, InitOptions options, Body body) {
 
 InitOptions quick() { return InitOptions().backend("gloo").timeout(20s).join_timeout(20s); }
 
+// Note [Checked collectives]: ranks calling collectives of different sizes get a
+// ConfigError naming each rank's call, where Gloo alone aborts the process from its
+// transport thread (EnforceNotMet, exit 134: ../shared/repro/amp-dp-ddp #5).
+TEST(CheckedCollectives, DifferentSizesAreAnErrorNamingEachRanksCallNotAnAbort) {
+  run_ranks(2, quick().check_collectives(true), [](World& world) {
+    auto& g = world.group();
+    auto same = torch::ones({3});
+    g.all_reduce(same);  // matched calls pass the check
+    EXPECT_TRUE(torch::equal(same, torch::full({3}, 2.0f)));
+    auto t = torch::ones({world.rank() == 0 ? 4 : 21});
+    try {
+      g.all_reduce(t);
+      ADD_FAILURE() << "expected the different sizes to be refused";
+    } catch (const cohort::ConfigError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("rank 0: all_reduce of 16 bytes, rank 1: all_reduce of 84 bytes"), std::string::npos) << what;
+    }
+    g.barrier();  // the group is still usable
+  });
+  EXPECT_TRUE(InitOptions::from_env({{"COHORT_CHECK_COLLECTIVES", "1"}}).check_collectives());
+}
+
 class ThreadWorlds : public ::testing::TestWithParam<int> {};
 
 TEST_P(ThreadWorlds, AllReduceBroadcastGatherScatterAreExact) {

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <cstring>
+#include <iterator>
+
 #include "cohort/comm/arrival_board.h"
 #include "cohort/errors.h"
 #include "cohort/trace/timeline.h"
@@ -49,6 +52,56 @@ void check_tensor(const GroupState& g, const char* op, const at::Tensor& t) {
     throw ConfigError(fmt::format("cohort: {} on rank {}: the NCCL backend needs CUDA tensors but the tensor is on "
                                   "{}; move it with .to(world.device())",
                                   op, g.global_rank, t.device().str()));
+}
+
+// Note [Checked collectives]
+// Gloo pairs collectives by order. Two ranks that call collectives of different
+// sizes at the same point are paired anyway, and the one that receives more than
+// it posted aborts the whole process from Gloo's transport thread
+// (EnforceNotMet: op.preamble.length <= op.nbytes), where no caller can catch it.
+// With InitOptions::check_collectives, every group-wide collective is preceded by
+// an all-gather of a fixed-size fingerprint (operation, bytes): those always pair
+// with each other, and a difference is a ConfigError on every rank, naming each
+// rank's call, before anything of the mis-paired collective is sent. Point-to-
+// point operations, work issued outside the group (track()) and NCCL groups are
+// not checked.
+const char* const kCheckedOps[] = {"all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+
+std::int64_t op_code(const char* op) {
+  for (std::size_t i = 0; i < std::size(kCheckedOps); ++i)
+    if (std::strcmp(op, kCheckedOps[i]) == 0) return static_cast<std::int64_t>(i);
+  return -1;
+}
+
+void check_same_call(GroupState& g, const char* op, std::int64_t seq, std::int64_t bytes) {
+  const int n = static_cast<int>(g.global_ranks.size());
+  auto mine = at::tensor({op_code(op), bytes}, at::TensorOptions().dtype(at::kLong));
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int r = 0; r < n; ++r) all[0].push_back(at::empty_like(mine));
+  std::vector<at::Tensor> in{mine};
+  c10d::AllgatherOptions opts;
+  opts.timeout = g.timeout;
+  try {
+    auto work = g.backend->allgather(all, in, opts);
+    if (!work->wait(g.timeout)) throw std::runtime_error("wait timed out");
+  } catch (const std::exception& e) {
+    throw_diagnosed(g, op, seq, e.what());
+  }
+  bool same = true;
+  for (const auto& t : all[0]) same = same && at::equal(t, mine);
+  if (same) return;
+  std::string calls;
+  for (int r = 0; r < n; ++r) {
+    const auto code = all[0][r][0].item<std::int64_t>();
+    calls += fmt::format("{}rank {}: {} of {} bytes", r ? ", " : "", g.global_ranks[r],
+                         code >= 0 && code < static_cast<std::int64_t>(std::size(kCheckedOps)) ? kCheckedOps[code] : "?",
+                         all[0][r][1].item<std::int64_t>());
+  }
+  throw ConfigError(fmt::format(
+      "cohort: rank {}: {} #{} of group '{}' differs between the ranks ({}). Issued, Gloo would pair these calls "
+      "and abort the process, or mix the data. Fix: every rank must call the same collectives in the same order, "
+      "with tensors of the same size (checked because check_collectives / COHORT_CHECK_COLLECTIVES is on)",
+      g.global_rank, op, seq, g.name, calls));
 }
 
 void check_root(const GroupState& g, const char* op, int root) {
@@ -113,10 +166,15 @@ compat::Backend& Group::backend() const { return *checked("backend").backend; }
 trace::Timeline* Group::timeline() const { return state_ ? state_->timeline.get() : nullptr; }
 
 Pending Group::launch(const char* op, std::int64_t bytes,
-                      const std::function<c10::intrusive_ptr<compat::Work>()>& issue, std::function<void()> finish) {
+                      const std::function<c10::intrusive_ptr<compat::Work>()>& issue, std::function<void()> finish,
+                      bool checkable) {
   auto& g = *state_;
   const double started = g.timeline && g.timeline->recording() ? trace::Timeline::now_us() : -1;
   auto seq = g.board->enter(op);
+  // CPU fingerprints: Gloo only (NCCL pairs by size on the device, and fails there).
+  if (g.check_collectives && checkable && op_code(op) >= 0 && g.global_ranks.size() > 1 &&
+      g.backend->getBackendName() != "nccl")
+    check_same_call(g, op, seq, bytes);
   c10::intrusive_ptr<compat::Work> work;
   try {
     work = issue();
@@ -131,7 +189,7 @@ Pending Group::launch(const char* op, std::int64_t bytes,
 
 Pending Group::track(c10::intrusive_ptr<compat::Work> work, const char* op, std::int64_t bytes) {
   checked(op);
-  return launch(op, bytes, [&] { return work; });
+  return launch(op, bytes, [&] { return work; }, nullptr, /*checkable=*/false);
 }
 
 Pending Group::all_reduce_async(at::Tensor& tensor, ReduceOp op) {

@@ -111,9 +111,10 @@ class Group {
  private:
   GroupState& checked(const char* op) const;
   // Records the op on the arrival board, issues it, and wraps it for a bounded wait.
+  // `checkable`: not yet issued and group-wide (Note [Checked collectives]).
   Pending launch(const char* op, std::int64_t bytes,
                  const std::function<c10::intrusive_ptr<compat::Work>()>& issue,
-                 std::function<void()> finish = nullptr);
+                 std::function<void()> finish = nullptr, bool checkable = true);
   std::shared_ptr<GroupState> state_;
 };
 
@@ -124,6 +125,7 @@ struct GroupState {
   int rank = 0;  // this process's group rank
   int global_rank = 0;
   std::chrono::milliseconds timeout{0};
+  bool check_collectives = false;  // Note [Checked collectives]
   c10::intrusive_ptr<compat::Backend> backend;
   std::unique_ptr<ArrivalBoard> board;
   std::shared_ptr<trace::Timeline> timeline;  // shared by the world's groups; may be null

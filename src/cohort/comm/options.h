@@ -29,11 +29,18 @@ struct InitOptions {
   // A per-rank timeline of steps, collectives and DDP buckets (trace/timeline.h);
   // off unless it names a directory.
   TORCH_ARG(trace::TimelineOptions, timeline) = {};
+  // Note [Checked collectives]: before each group-wide collective, the ranks
+  // compare what they call (operation and bytes) and throw ConfigError naming each
+  // rank's call where they differ, instead of letting Gloo pair them (and abort the
+  // process when the sizes differ). Costs one small all-gather per collective: a
+  // debugging aid, like PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL. Set it on every rank.
+  TORCH_ARG(bool, check_collectives) = false;
 
 
  public:  // TORCH_ARG leaves the struct in a private section.
   // Defaults overridden by COHORT_BACKEND, COHORT_TIMEOUT (seconds),
-  // COHORT_JOIN_TIMEOUT (seconds), GLOO_SOCKET_IFNAME, and COHORT_TIMELINE_DIR,
+  // COHORT_JOIN_TIMEOUT (seconds), GLOO_SOCKET_IFNAME, COHORT_CHECK_COLLECTIVES (1),
+  // and COHORT_TIMELINE_DIR,
   // COHORT_TIMELINE_STEPS (FIRST:LAST) and COHORT_TIMELINE_MAX_EVENTS, which
   // `cohort run --timeline` sets.
   static InitOptions from_env(const EnvMap& env);

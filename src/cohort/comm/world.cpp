@@ -45,6 +45,7 @@ std::shared_ptr<GroupState> make_group(const World& world, const std::string& na
   g->rank = group_rank;
   g->global_rank = world.rank();
   g->timeout = options.timeout();
+  g->check_collectives = options.check_collectives();
   join(*store, "cohort/join", g->global_ranks[static_cast<size_t>(group_rank)], g->global_ranks,
        options.join_timeout());
   // The backend sees group ranks; the board and join see global ones.
@@ -88,6 +89,7 @@ InitOptions InitOptions::from_env(const EnvMap& env) {
   if (auto v = get("COHORT_TIMEOUT")) o.timeout(timeout(*v, "COHORT_TIMEOUT"));
   if (auto v = get("COHORT_JOIN_TIMEOUT")) o.join_timeout(timeout(*v, "COHORT_JOIN_TIMEOUT"));
   if (auto v = get("GLOO_SOCKET_IFNAME")) o.network_interface(*v);
+  if (auto v = get("COHORT_CHECK_COLLECTIVES")) o.check_collectives(*v != "0");
   if (auto v = get("COHORT_TIMELINE_DIR")) {
     trace::TimelineOptions t;
     t.directory(*v);
