@@ -217,6 +217,29 @@ TEST(Checkpointer, FallsBackPastAManifestOfTheWrongShape) {
   EXPECT_NE(warnings.find("step-000000030"), std::string::npos) << warnings;
 }
 
+// Note [The manifest's own checksum]: a manifest written before it had one (version
+// 1) still loads; a version-2 manifest that lost it does not.
+TEST(Checkpointer, AVersionOneManifestWithoutItsOwnChecksumStillLoads) {
+  auto without_checksum = [](const std::string& path, const std::string& version) {
+    std::string text = read_whole_file(path + "/MANIFEST.json");
+    const auto field = text.find("\"manifest_crc32\"");
+    ASSERT_NE(field, std::string::npos) << text;
+    const auto line = text.rfind('\n', field);
+    text.erase(line, text.find('\n', field) - line);
+    const auto v = text.find("\"version\": 2");
+    ASSERT_NE(v, std::string::npos) << text;
+    text.replace(v, std::string("\"version\": 2").size(), "\"version\": " + version);
+    write_file_atomically(path + "/MANIFEST.json", text);
+  };
+  auto old = load_after_damage([&](const std::string& path) { without_checksum(path, "1"); });
+  EXPECT_EQ(old.first, 30) << old.second;
+  EXPECT_EQ(old.second, "");
+  auto stripped = load_after_damage([&](const std::string& path) { without_checksum(path, "2"); });
+  EXPECT_EQ(stripped.first, 20);
+  EXPECT_NE(stripped.second.find("step-000000030/MANIFEST.json has no manifest_crc32"), std::string::npos)
+      << stripped.second;
+}
+
 TEST(Checkpointer, ANewSaveAfterAFallbackIsKeptAndTheCorruptStepIsSetAside) {
   TempDir temp("cohort-ckpt");
   const auto& dir = temp.path;

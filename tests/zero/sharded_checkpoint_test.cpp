@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <sstream>
 
 #include "cohort/checkpoint/checkpointer.h"
 #include "cohort/checkpoint/consolidate.h"
@@ -107,6 +110,39 @@ void expect_same(const std::vector<AdamState>& x, const std::vector<AdamState>& 
     EXPECT_TRUE(torch::equal(x[i].m, y[i].m)) << what << ": parameter " << i;
     EXPECT_TRUE(torch::equal(x[i].v, y[i].v)) << what << ": parameter " << i;
   }
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Bit 0 of the first `digit` from the first `after` on in the manifest of `step`: a
+// digit becomes another (1 <-> 0), and the JSON stays valid.
+void flip_digit_after(const std::string& step, const std::string& after, char digit) {
+  const std::string path = step + "/" + cohort::checkpoint::kManifestName;
+  std::string text = read_bytes(path);
+  const auto at = text.find(after);
+  ASSERT_NE(at, std::string::npos) << after;
+  const auto i = text.find(digit, at);
+  ASSERT_NE(i, std::string::npos) << after;
+  text[i] = static_cast<char>(text[i] ^ 1);
+  write_bytes(path, text);
+}
+
+bool same_manifest(const cohort::checkpoint::Manifest& a, const cohort::checkpoint::Manifest& b) {
+  if (a.step != b.step || a.files.size() != b.files.size() || a.shards.has_value() != b.shards.has_value())
+    return false;
+  for (const auto& [name, entry] : a.files) {
+    auto it = b.files.find(name);
+    if (it == b.files.end() || it->second.bytes != entry.bytes || it->second.crc32 != entry.crc32) return false;
+  }
+  return !a.shards || (a.shards->files == b.shards->files && a.shards->layout.owner == b.shards->layout.owner &&
+                       a.shards->layout.world_size == b.shards->layout.world_size);
 }
 
 }  // namespace
@@ -345,4 +381,158 @@ TEST(ShardedCheckpoint, OptionsAfterALoadAreThoseOfAGatheredLoad) {
     torch::load(gathered, whole);
     EXPECT_DOUBLE_EQ(sharded.lr(), gathered.lr()) << "rank " << world.rank();
   });
+}
+
+// Note [The manifest's own checksum]: bit 0, 1, 3 or 5 of any byte (digits to
+// digits, letters to letters or their case) flipped alone in a manifest, sharded
+// (world 3) or whole, is refused as a DataError or changes nothing that is read.
+TEST(ShardedCheckpoint, AFlippedBitOfTheManifestIsRefusedOrChangesNothing) {
+  cohort::testing::TempDir temp("cohort-sharded");
+  const std::string sharded = temp.path + "/sharded", whole = temp.path + "/whole";
+  const Batches one(1);
+  run_thread_world(3, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    ShardedOptimizer opt(model->parameters(), world.group(), adam());
+    train(model, opt, one);
+    Checkpointer(sharded, world.group(), quiet()).save(*model, opt, {1, 0, 1, {}}, torch::kCPU);
+  });
+  run_thread_world(1, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+    train(model, opt, one);
+    Checkpointer(whole, world.group(), CheckpointerOptions()).save(*model, opt, {1, 0, 1, {}}, torch::kCPU);
+  });
+  for (const std::string& dir : {sharded, whole}) {
+    const std::string step = Checkpointer(dir, cohort::comm::Group()).path_of(1);
+    const std::string path = step + "/" + cohort::checkpoint::kManifestName;
+    const std::string original = read_bytes(path);
+    const auto reference = cohort::checkpoint::read_manifest(step, 1);
+    int passed = 0;
+    for (std::size_t i = 0; i < original.size(); ++i) {
+      for (int bit : {0, 1, 3, 5}) {  // digits to digits, letters to letters or case
+        std::string flipped = original;
+        flipped[i] = static_cast<char>(flipped[i] ^ (1 << bit));
+        write_bytes(path, flipped);
+        try {
+          const auto m = cohort::checkpoint::read_manifest(step, 1);
+          ++passed;
+          ASSERT_TRUE(same_manifest(m, reference))
+              << dir << ": byte " << i << " ('" << original[i] << "') bit " << bit << " was read as another manifest";
+        } catch (const cohort::DataError& e) {
+          ASSERT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+        }
+      }
+    }
+    EXPECT_LT(passed, 20) << dir;  // harmless flips only (none in practice)
+    write_bytes(path, original);
+  }
+}
+
+// The reproduction of issue 29, item 12: one bit flipped in the owner list, in the
+// list of shard files or in a shard's entry of the newest of two sharded
+// checkpoints. load_latest falls back to the older one, naming the manifest;
+// consolidate refuses the damaged one naming it, and takes the older one when given
+// the directory.
+TEST(ShardedCheckpoint, AFlippedBitInTheManifestFallsBackAndConsolidateRefuses) {
+  cohort::testing::TempDir temp("cohort-sharded");
+  const std::string base = temp.path + "/base", out = temp.path + "/out.pt";
+  const Batches batches(1);
+  run_thread_world(2, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    ShardedOptimizer opt(model->parameters(), world.group(), adam());
+    Checkpointer ckpt(base, world.group(), quiet());
+    for (int s = 1; s <= 2; ++s) {
+      train(model, opt, batches);
+      ckpt.save(*model, opt, {s, 0, s, {}}, torch::kCPU);
+    }
+  });
+  struct Variant {
+    const char* name;
+    std::string after;
+    char digit;
+  };
+  const std::vector<Variant> variants = {
+      {"owner", "\"owner\": [", '1'},
+      {"files_list", "\"optimizer_shards\"", '1'},  // optimizer-shard-00001 becomes shard 00000
+      {"files_entry", "\"optimizer-shard-00001", '1'},  // its size and CRC-32 now shard 0's key
+  };
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.name);
+    const std::string dir = temp.path + "/" + v.name;
+    fs::copy(base, dir, fs::copy_options::recursive);
+    const std::string step2 = Checkpointer(dir, cohort::comm::Group()).path_of(2);
+    const std::string manifest = step2 + "/" + cohort::checkpoint::kManifestName;
+    flip_digit_after(step2, v.after, v.digit);
+    std::ostringstream log;
+    try {
+      cohort::checkpoint::consolidate_checkpoint(step2, out, log);
+      ADD_FAILURE() << "a damaged manifest was consolidated";
+    } catch (const cohort::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(manifest + " fails its own CRC-32"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_EQ(cohort::checkpoint::consolidate_checkpoint(dir, out, log).step, 1);
+    EXPECT_NE(log.str().find(manifest), std::string::npos) << log.str();
+    fs::remove(out);
+
+    std::vector<std::string> warnings;
+    std::mutex m;
+    run_thread_world(2, [&](cohort::comm::World& world) {
+      auto model = make_model();
+      ShardedOptimizer opt(model->parameters(), world.group(), adam());
+      auto restored = Checkpointer(dir, world.group(), quiet(&warnings, &m)).load_latest(*model, opt, torch::kCPU);
+      ASSERT_TRUE(restored.has_value());
+      EXPECT_EQ(restored->progress.step, 1);
+    });
+    std::string all;
+    for (const auto& w : warnings) all += w + "\n";
+    EXPECT_NE(all.find(manifest + " fails its own CRC-32"), std::string::npos) << all;
+    EXPECT_NE(all.find("falling back to the checkpoint"), std::string::npos) << all;
+  }
+}
+
+// Note [A consistent shard layout]: a manifest whose checksum holds (as a buggy or
+// hand-made writer leaves it) but whose layout cannot be is refused, naming it.
+TEST(ShardedCheckpoint, AnInconsistentManifestIsRefusedThoughItsChecksumHolds) {
+  using cohort::checkpoint::Manifest;
+  cohort::testing::TempDir temp("cohort-sharded");
+  const std::string dir = temp.path + "/ckpt";
+  const Batches one(1);
+  run_thread_world(3, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    ShardedOptimizer opt(model->parameters(), world.group(), adam());
+    train(model, opt, one);
+    Checkpointer(dir, world.group(), quiet()).save(*model, opt, {1, 0, 1, {}}, torch::kCPU);
+  });
+  const std::string step = Checkpointer(dir, cohort::comm::Group()).path_of(1);
+  const std::string path = step + "/" + cohort::checkpoint::kManifestName;
+  const auto good = cohort::checkpoint::read_manifest(step, 1);
+  ASSERT_EQ(good.shards->layout.owner.size(), 6u);
+  const std::vector<std::pair<std::string, std::function<void(Manifest&)>>> variants = {
+      {"it must be optimizer-shard-00000-of-00003.pt",
+       [](Manifest& m) { std::swap(m.shards->files[0], m.shards->files[1]); }},
+      {"it must be optimizer-shard-00001-of-00003.pt", [](Manifest& m) { m.shards->files[1] = m.shards->files[0]; }},
+      {"is no shard of 3", [](Manifest& m) { m.shards->layout.owner[0] = 3; }},
+      {"do not add up", [](Manifest& m) { m.shards->layout.world_size = 2; }},
+      {"a shard is empty exactly when it owns none",
+       [](Manifest& m) { std::fill(m.shards->layout.owner.begin(), m.shards->layout.owner.end(), 0); }},
+      {"does not list the size and CRC-32 of its shard",
+       [](Manifest& m) { m.files.erase(cohort::checkpoint::shard_file_name(2, 3)); }},
+      {"which is no file name of a checkpoint", [](Manifest& m) { m.files["../model.pt"] = m.files["model.pt"]; }},
+  };
+  for (const auto& [expected, change] : variants) {
+    Manifest m = good;
+    change(m);
+    write_bytes(path, cohort::checkpoint::manifest_json(m));
+    try {
+      cohort::checkpoint::read_manifest(step, 1);
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const cohort::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+    std::ostringstream log;
+    EXPECT_THROW(cohort::checkpoint::consolidate_checkpoint(step, temp.path + "/out.pt", log), cohort::DataError)
+        << expected;
+  }
 }

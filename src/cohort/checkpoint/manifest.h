@@ -3,6 +3,9 @@
 // and the size and CRC-32 of every file, written after the files, so that a
 // directory with a manifest is complete and a file damaged later is caught on load.
 // A sharded checkpoint's manifest also holds its shard layout (sharded_state.h).
+// The manifest carries a CRC-32 of its own content (Note [The manifest's own
+// checksum] in manifest.cpp); a version-1 manifest, written before it had one, is
+// read without it.
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -41,8 +44,10 @@ std::string manifest_json(std::int64_t step, const std::vector<std::string>& nam
 // The same from the files' sizes and checksums, with a shard layout when sharded.
 std::string manifest_json(const Manifest& manifest);
 
-// The manifest of the checkpoint directory `path`; a missing, malformed or foreign
-// one (not of `step`, when given) throws cohort::DataError saying what.
+// The manifest of the checkpoint directory `path`; a missing, malformed, corrupt
+// (failing its own checksum), inconsistent (a shard layout that cannot be: Note [A
+// consistent shard layout]) or foreign one (not of `step`, when given) throws
+// cohort::DataError naming the file and saying what.
 Manifest read_manifest(const std::string& path, std::optional<std::int64_t> step = std::nullopt);
 
 // The file `name` of the directory `path`, checked against its manifest: a file
