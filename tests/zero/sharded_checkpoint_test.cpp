@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -383,10 +384,11 @@ TEST(ShardedCheckpoint, OptionsAfterALoadAreThoseOfAGatheredLoad) {
   });
 }
 
-// Note [The manifest's own checksum]: bit 0, 1, 3 or 5 of any byte (digits to
-// digits, letters to letters or their case) flipped alone in a manifest, sharded
-// (world 3) or whole, is refused as a DataError or changes nothing that is read.
-TEST(ShardedCheckpoint, AFlippedBitOfTheManifestIsRefusedOrChangesNothing) {
+// Note [The manifest's own checksum]: any digit of a manifest, sharded (world 3) or
+// whole, turned into its neighbour (bit 0 flipped: an owner, a size, a CRC-32, a
+// shard's number, the world size, the step) is refused as a DataError. Digits only:
+// each refusal is a C++ exception, which costs milliseconds in a binary this big.
+TEST(ShardedCheckpoint, AnyDigitOfTheManifestFlippedIsRefused) {
   cohort::testing::TempDir temp("cohort-sharded");
   const std::string sharded = temp.path + "/sharded", whole = temp.path + "/whole";
   const Batches one(1);
@@ -409,21 +411,20 @@ TEST(ShardedCheckpoint, AFlippedBitOfTheManifestIsRefusedOrChangesNothing) {
     const auto reference = cohort::checkpoint::read_manifest(step, 1);
     int passed = 0;
     for (std::size_t i = 0; i < original.size(); ++i) {
-      for (int bit : {0, 1, 3, 5}) {  // digits to digits, letters to letters or case
-        std::string flipped = original;
-        flipped[i] = static_cast<char>(flipped[i] ^ (1 << bit));
-        write_bytes(path, flipped);
-        try {
-          const auto m = cohort::checkpoint::read_manifest(step, 1);
-          ++passed;
-          ASSERT_TRUE(same_manifest(m, reference))
-              << dir << ": byte " << i << " ('" << original[i] << "') bit " << bit << " was read as another manifest";
-        } catch (const cohort::DataError& e) {
-          ASSERT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-        }
+      if (!std::isdigit(static_cast<unsigned char>(original[i]))) continue;
+      std::string flipped = original;
+      flipped[i] = static_cast<char>(flipped[i] ^ 1);
+      write_bytes(path, flipped);
+      try {
+        const auto m = cohort::checkpoint::read_manifest(step, 1);
+        ++passed;
+        ADD_FAILURE() << dir << ": byte " << i << " ('" << original[i] << "') flipped was read as "
+                      << (same_manifest(m, reference) ? "the same" : "another") << " manifest";
+      } catch (const cohort::DataError& e) {
+        ASSERT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
       }
     }
-    EXPECT_LT(passed, 20) << dir;  // harmless flips only (none in practice)
+    EXPECT_EQ(passed, 0) << dir;  // Note [The manifest's own checksum]: no digit is harmless
     write_bytes(path, original);
   }
 }
