@@ -99,18 +99,6 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes
   }
 }
 
-// Checks every file a checkpoint needs against its manifest, one at a time (a
-// sharded checkpoint's files may not fit in memory together).
-void verify_all_files(const std::string& path, std::int64_t step) {
-  const auto manifest = read_manifest(path, step);
-  std::vector<std::string> needed = {"model.pt", "trainer.pt"};
-  if (manifest.shards)
-    needed.insert(needed.end(), manifest.shards->files.begin(), manifest.shards->files.end());
-  else
-    needed.push_back("optimizer.pt");
-  for (const auto& name : needed) read_listed(path, manifest, name);
-}
-
 // A sharded checkpoint's optimizer state (Note [Resharding] in
 // zero/sharded_optimizer.cpp): each rank reads the shards that hold its parameters.
 void load_optimizer_shards(torch::optim::Optimizer& optimizer, const std::string& path, const Manifest& manifest) {
@@ -420,7 +408,7 @@ std::optional<std::int64_t> Checkpointer::newest_good_step(std::optional<std::in
       continue;
     }
     try {
-      verify_all_files(path_of(*it), *it);
+      verify_checkpoint(path_of(*it), *it);
       if (it != steps.rbegin()) {
         warn(fmt::format("falling back to the checkpoint {}", path_of(*it)));
       }

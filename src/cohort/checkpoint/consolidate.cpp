@@ -99,15 +99,14 @@ OptimizerFile read_optimizer_file(const std::string& bytes, const std::string& s
 }
 
 // The newest step directory of `directory` whose files all pass their manifest,
-// by step number, as Checkpointer::load_latest takes them.
+// by step number, checked as Checkpointer::load_latest checks them.
 std::string newest_complete(const std::string& directory, std::ostream& log) {
   const Checkpointer steps(directory, comm::Group());
   const auto on_disk = steps.steps_on_disk();
   for (auto it = on_disk.rbegin(); it != on_disk.rend(); ++it) {
     const std::string path = steps.path_of(*it);
     try {
-      const auto manifest = read_manifest(path, *it);
-      for (const auto& [name, entry] : manifest.files) read_listed(path, manifest, name);
+      verify_checkpoint(path, *it);
       return path;
     } catch (const DataError& e) {
       log << fmt::format("cohort checkpoint: skipping {}: {}\n", path, e.what());

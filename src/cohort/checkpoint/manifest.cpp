@@ -178,6 +178,17 @@ std::string read_listed(const std::string& path, const Manifest& manifest, const
   return bytes;
 }
 
+Manifest verify_checkpoint(const std::string& path, std::optional<std::int64_t> step) {
+  const auto manifest = read_manifest(path, step);
+  std::vector<std::string> needed = {"model.pt", "trainer.pt"};
+  if (manifest.shards)
+    needed.insert(needed.end(), manifest.shards->files.begin(), manifest.shards->files.end());
+  else
+    needed.push_back("optimizer.pt");
+  for (const auto& name : needed) read_listed(path, manifest, name);
+  return manifest;
+}
+
 std::vector<std::string> read_verified(const std::string& path, std::int64_t step,
                                        const std::vector<std::string>& names) {
   const auto manifest = read_manifest(path, step);

@@ -55,6 +55,13 @@ Manifest read_manifest(const std::string& path, std::optional<std::int64_t> step
 // cohort::DataError naming it.
 std::string read_listed(const std::string& path, const Manifest& manifest, const std::string& name);
 
+// The manifest of the checkpoint directory `path` (of `step`, when given) after
+// checking against it, one at a time (a sharded checkpoint's files may not fit in
+// memory together), every file a load reads: model.pt, trainer.pt, and optimizer.pt
+// or each optimizer shard. Whatever is wrong throws cohort::DataError naming the file.
+// Checkpointer::load_latest and `cohort checkpoint consolidate` choose with it.
+Manifest verify_checkpoint(const std::string& path, std::optional<std::int64_t> step = std::nullopt);
+
 // The files `names` of the checkpoint directory `path`, each checked against its
 // manifest. Whatever is wrong (a missing, malformed or foreign manifest, a truncated
 // or corrupt file) throws cohort::DataError saying what, so that callers can turn
