@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "cohort/launcher/agent.h"
@@ -249,6 +250,52 @@ TEST(NoOrphans, AWorkersChildDiesWithAnAgentKilledByKill9) {
   const bool gone = cohort::testing::process_gone(trainer);
   if (!gone) ::kill(trainer, SIGKILL);
   EXPECT_TRUE(gone) << "the worker's child outlived the agent";
+}
+
+// The processes of process group `group` other than `self` (from /proc).
+int others_in_group(pid_t group, pid_t self) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos || std::stol(name) == self) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat;
+    if (!std::getline(in, stat)) continue;
+    const auto name_end = stat.rfind(')');  // the name may hold spaces and parentheses
+    if (name_end == std::string::npos) continue;
+    std::istringstream rest(stat.substr(name_end + 2));
+    char state;
+    long parent, pgrp;
+    if (rest >> state >> parent >> pgrp && pgrp == group && state != 'Z') ++count;
+  }
+  return count;
+}
+
+// Note [No orphans]: the reaper lives as long as the launcher, and no longer: once
+// `cohort run` returns, no process of the job is left (CI's network-namespace test
+// found the reaper still there the moment its agent had exited).
+TEST(NoOrphans, TheReaperIsGoneWhenTheLauncherStopsIt) {
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  const pid_t agent = ::fork();
+  ASSERT_GE(agent, 0);
+  if (agent == 0) {  // the agent, leading its own group, which its reaper joins
+    ::close(report[0]);
+    ::setpgid(0, 0);
+    start_orphan_reaper();
+    const int counts[2] = {others_in_group(::getpid(), ::getpid()), (stop_orphan_reaper(), others_in_group(::getpid(), ::getpid()))};
+    ::_exit(::write(report[1], counts, sizeof counts) == sizeof counts ? 0 : 1);
+  }
+  ::close(report[1]);
+  int counts[2] = {-1, -1};
+  pollfd p{report[0], POLLIN, 0};
+  if (::poll(&p, 1, 10'000) == 1 && ::read(report[0], counts, sizeof counts) != sizeof counts) counts[0] = -1;
+  ::close(report[0]);
+  int status = 0;
+  ::waitpid(agent, &status, 0);
+  EXPECT_EQ(counts[0], 1) << "the reaper did not start";
+  EXPECT_EQ(counts[1], 0) << "the reaper outlived stop_orphan_reaper()";
+  ::kill(-agent, SIGKILL);  // nothing should be left; in case something is
 }
 
 TEST(SignalPipe, ChildExitsAreNotStopRequests) {

@@ -125,6 +125,9 @@ RunDirectory::~RunDirectory() {
 int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostResources& resources) {
   raise_open_files_limit();  // Note [Open files limit] in launcher/worker_process.h
   start_orphan_reaper();     // Note [No orphans] in launcher/worker_process.h
+  struct ReaperStop {
+    ~ReaperStop() { stop_orphan_reaper(); }
+  } reaper_stop;  // on every way out, errors included
   // Everything that can be wrong with the input is checked before anything starts.
   const int nproc = resolve_nproc(options.nproc_per_node, resources.cpu_count, resources.gpu_count);
   auto path = env.count("PATH") ? env.at("PATH") : std::string("/usr/bin:/bin");

@@ -1,6 +1,7 @@
 #include "cohort/launcher/worker_process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
@@ -224,6 +226,28 @@ void start_orphan_reaper() {
   while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }
   g_reaper_fd = fds[1];
+}
+
+void stop_orphan_reaper() {
+  if (g_reaper_fd < 0) return;
+  // Our end stops writing: the reaper reads its end of file, kills any group it still
+  // holds, and exits, which closes its end; wait for that (bounded), so that a job
+  // leaves no process of its own behind once `cohort run` has returned.
+  shutdown(g_reaper_fd, SHUT_WR);
+  pollfd gone{g_reaper_fd, POLLIN, 0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    const int ready = poll(&gone, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    char byte;
+    const ssize_t n = recv(g_reaper_fd, &byte, sizeof byte, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;  // its end closed: it has exited
+  }
+  close(g_reaper_fd);
+  g_reaper_fd = -1;
 }
 
 rlim_t raise_open_files_limit() {

@@ -78,6 +78,10 @@ rlim_t raise_open_files_limit();
 // before any worker starts. Without it (a failed fork, or a program that never calls
 // it) workers still die with the launcher by PDEATHSIG, but not their children.
 void start_orphan_reaper();
+// Tells the reaper the launcher is done and waits (at most 2 s) until it has exited,
+// so that no process of the job outlives a `cohort run` that returned. Harmless
+// without a reaper.
+void stop_orphan_reaper();
 
 // Describes a wait status: "exit code 3", "signal SIGKILL (9)".
 std::string describe_status(int wait_status);
