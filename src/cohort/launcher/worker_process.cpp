@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "cohort/errors.h"
@@ -57,6 +58,7 @@ void close_inherited_fds(int keep) {
 // The launcher's end of the reaper's socket pair; -1 while no reaper runs (tests,
 // or a fork that failed: the workers then still have PDEATHSIG).
 int g_reaper_fd = -1;
+pid_t g_reaper_pid = -1;  // the reaper's pid, as its parent reported it; -1: unknown
 
 // What the reaper remembers: the process groups of the workers that run. Static, so
 // that the reaper (a fork of a multithreaded launcher) allocates nothing.
@@ -214,7 +216,11 @@ void start_orphan_reaper() {
   pid_t pid = fork();
   if (pid == 0) {
     close(fds[1]);  // the launcher's end: else the reaper would never see it close
-    if (fork() == 0) run_reaper(fds[0]);
+    const pid_t reaper = fork();
+    if (reaper == 0) run_reaper(fds[0]);
+    // Tell the launcher whom to wait for in stop_orphan_reaper(); it reads this once
+    // this process has exited, so the message is there by then.
+    if (reaper > 0 && send(fds[0], &reaper, sizeof reaper, MSG_NOSIGNAL) != sizeof reaper) _exit(1);
     _exit(0);
   }
   sigprocmask(SIG_SETMASK, &previous, nullptr);
@@ -225,8 +231,26 @@ void start_orphan_reaper() {
   }
   while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }
+  pid_t reaper = -1;
+  if (recv(fds[1], &reaper, sizeof reaper, MSG_DONTWAIT) == sizeof reaper) g_reaper_pid = reaper;
   g_reaper_fd = fds[1];
 }
+
+namespace {
+// Whether process `pid` still runs: it exists and is not a zombie.
+bool reaper_alive(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (!f) return false;
+  char buf[512];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* name_end = std::strrchr(buf, ')');
+  return name_end && name_end[1] == ' ' && name_end[2] != 'Z' && name_end[2] != 'X';
+}
+}  // namespace
 
 void stop_orphan_reaper() {
   if (g_reaper_fd < 0) return;
@@ -248,6 +272,11 @@ void stop_orphan_reaper() {
   }
   close(g_reaper_fd);
   g_reaper_fd = -1;
+  // Its end closes while it exits, a moment before the process is gone: wait for
+  // that too (a zombie, waiting for init to reap it, counts as gone).
+  while (g_reaper_pid > 0 && reaper_alive(g_reaper_pid) && std::chrono::steady_clock::now() < deadline)
+    usleep(2000);
+  g_reaper_pid = -1;
 }
 
 rlim_t raise_open_files_limit() {
