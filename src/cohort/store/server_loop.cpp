@@ -6,10 +6,12 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <map>
 
+#include <fmt/core.h>
 #include <fmt/format.h>
 
 
@@ -138,11 +140,14 @@ void ServerLoop::report_accept_failure(int err) {
                         limits)
       : err == ENFILE ? std::string("the whole system is out of file descriptors (fs.file-max); close some or raise it")
                       : std::string("free memory or descriptors on the store's host");
-  std::cerr << fmt::format("cohort: the key-value store cannot accept connections: accept(): {}; it keeps serving "
-                           "the {} it has and retries every {} ms, while new peers wait\n  fix: {}",
-                           std::strerror(err), connections_.size(),
-                           std::chrono::duration_cast<std::chrono::milliseconds>(kAcceptBackoff).count(), fix)
-            << std::endl;
+  // Through stdio, not iostreams: with every descriptor taken, UBSan's check of a
+  // virtual call on std::cerr cannot read the process's maps and aborts the store.
+  fmt::print(stderr,
+             "cohort: the key-value store cannot accept connections: accept(): {}; it keeps serving "
+             "the {} it has and retries every {} ms, while new peers wait\n  fix: {}\n",
+             std::strerror(err), connections_.size(),
+             std::chrono::duration_cast<std::chrono::milliseconds>(kAcceptBackoff).count(), fix);
+  std::fflush(stderr);
 }
 
 namespace {
