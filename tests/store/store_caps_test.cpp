@@ -1,6 +1,18 @@
 // The store's caps on memory (Note [Store memory caps] in store/table.h): a write
 // over a cap is refused with a message naming it, and leaves the table as it was.
 #include <gtest/gtest.h>
+#include <malloc.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define COHORT_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COHORT_UNDER_ASAN 1
+#endif
+#endif
+#ifdef COHORT_UNDER_ASAN
+#include <sanitizer/allocator_interface.h>
+#endif
 
 #include <string>
 #include <vector>
@@ -8,6 +20,7 @@
 #include "cohort/store/store_client.h"
 #include "cohort/store/store_server.h"
 #include "cohort/store/table.h"
+#include "cohort/store/wire.h"
 #include "cohort/util/bytes.h"
 
 namespace {
@@ -21,6 +34,16 @@ using cohort::store::TableOptions;
 
 Bytes bytes(const std::string& s) { return {s.begin(), s.end()}; }
 Bytes filled(std::size_t n) { return Bytes(n, 'v'); }
+
+// The bytes the heap has handed out and not taken back (ASan replaces malloc, and
+// says it its own way).
+std::size_t heap_in_use() {
+#ifdef COHORT_UNDER_ASAN
+  return __sanitizer_get_current_allocated_bytes();
+#else
+  return mallinfo2().uordblks;
+#endif
+}
 
 std::string text(const Reply& r) {
   return r.values.empty() ? "" : std::string(r.values[0].begin(), r.values[0].end());
@@ -63,7 +86,7 @@ TEST(StoreCaps, DefaultsAgreeBetweenTheServerAndItsTable) {
 }
 
 TEST(StoreCaps, ValueOverTheCapIsRefusedAndChangesNothing) {
-  Table table(TableOptions().max_value_bytes(10));
+  Table table(TableOptions().max_value_bytes(10).entry_overhead_bytes(0));
   EXPECT_EQ(apply(table, Request{Op::kSet, 0, {"x"}, {bytes("small")}}).status, Status::kOk);
   const auto before = contents(table, {"x", "y"});
   EXPECT_EQ(before, "x=small y=- n=1 bytes=6");
@@ -87,7 +110,7 @@ TEST(StoreCaps, ValueOverTheCapIsRefusedAndChangesNothing) {
 }
 
 TEST(StoreCaps, AppendPastTheValueCapIsRefusedAndKeepsTheValue) {
-  Table table(TableOptions().max_value_bytes(8));
+  Table table(TableOptions().max_value_bytes(8).entry_overhead_bytes(0));
   EXPECT_EQ(apply(table, Request{Op::kAppend, 0, {"log"}, {bytes("abcde")}}).status, Status::kOk);
   auto r = apply(table, Request{Op::kAppend, 0, {"log"}, {bytes("fghi")}});
   expect_refused(r, "max_value_bytes", "log");
@@ -101,7 +124,7 @@ TEST(StoreCaps, AppendPastTheValueCapIsRefusedAndKeepsTheValue) {
 }
 
 TEST(StoreCaps, TableCapRefusesUntilADeleteFreesRoom) {
-  Table table(TableOptions().max_table_bytes(100));
+  Table table(TableOptions().max_table_bytes(100).entry_overhead_bytes(0));
   EXPECT_EQ(apply(table, Request{Op::kSet, 0, {"a"}, {filled(59)}}).status, Status::kOk);  // 60 bytes
   EXPECT_EQ(apply(table, Request{Op::kSet, 0, {"b"}, {filled(29)}}).status, Status::kOk);  // 90 bytes
   const auto before = contents(table, {"a", "b", "c"});
@@ -127,7 +150,7 @@ TEST(StoreCaps, TableCapRefusesUntilADeleteFreesRoom) {
 }
 
 TEST(StoreCaps, MultiSetPartlyOverACapChangesNothing) {
-  Table table(TableOptions().max_value_bytes(20).max_table_bytes(50));
+  Table table(TableOptions().max_value_bytes(20).max_table_bytes(50).entry_overhead_bytes(0));
   EXPECT_EQ(apply(table, Request{Op::kSet, 0, {"a"}, {bytes("old")}}).status, Status::kOk);
   const auto before = contents(table, {"a", "b", "c", "d"});
   // The second value is over the value cap: the first must not be written either.
@@ -150,7 +173,7 @@ TEST(StoreCaps, MultiSetPartlyOverACapChangesNothing) {
 }
 
 TEST(StoreCaps, EveryWriteKeepsTheSizeExact) {
-  Table table(TableOptions().max_table_bytes(30));
+  Table table(TableOptions().max_table_bytes(30).entry_overhead_bytes(0));
   EXPECT_EQ(apply(table, Request{Op::kSet, 0, {"k"}, {filled(25)}}).status, Status::kOk);
   EXPECT_EQ(table.size_bytes(), 26u);
   // A shorter overwrite frees room that a new key can then use.
@@ -183,7 +206,8 @@ TEST(StoreCaps, ClientSeesTheServersMessageNamingTheCap) {
   using cohort::util::to_bytes;
   const std::string token = "job-secret-caps-7c1e";
   cohort::store::StoreServer server(
-      cohort::store::StoreServerOptions(token).max_value_bytes(16).max_table_bytes(64));
+      cohort::store::StoreServerOptions(token).max_value_bytes(16).max_table_bytes(
+          64 + 3 * cohort::store::kEntryOverheadBytes));
   auto client = c10::make_intrusive<cohort::store::StoreClient>("127.0.0.1", server.port(), token,
                                                                 std::chrono::seconds(10));
   auto expect_throws = [](auto write, const std::string& cap) {
@@ -198,7 +222,7 @@ TEST(StoreCaps, ClientSeesTheServersMessageNamingTheCap) {
   expect_throws([&] { client->set("big", std::vector<std::uint8_t>(17, 'v')); }, "max_value_bytes");
   client->set("a", std::vector<std::uint8_t>(16, 'v'));
   client->set("b", std::vector<std::uint8_t>(16, 'v'));
-  client->set("c", std::vector<std::uint8_t>(16, 'v'));  // 51 bytes
+  client->set("c", std::vector<std::uint8_t>(16, 'v'));  // 51 bytes and 3 keys' overhead
   expect_throws([&] { client->set("big", std::vector<std::uint8_t>(16, 'v')); }, "max_table_bytes");
   // The refusals left the store as it was, and the connection usable.
   EXPECT_EQ(client->getNumKeys(), 3);
@@ -206,6 +230,51 @@ TEST(StoreCaps, ClientSeesTheServersMessageNamingTheCap) {
   EXPECT_TRUE(client->deleteKey("c"));
   client->set("big", to_bytes("fits now"));
   EXPECT_EQ(from_bytes(client->get("big")), "fits now");
+}
+
+// Note [Store memory caps]: many small keys are counted for what memory holds, not
+// for their lengths alone (3 million 6-byte keys counted 18 MB and took 310 MB).
+// What malloc hands out while the table takes them must stay within what it counts.
+TEST(StoreCaps, ManySmallKeysAreCountedForTheMemoryTheyTake) {
+  const std::size_t n = 200000;
+  Table table(TableOptions().max_table_bytes(std::size_t{1} << 40));
+  const auto before = heap_in_use();
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_EQ(apply(table, Request{Op::kSet, 0, {std::to_string(i)}, {bytes("v")}}).status, Status::kOk);
+  const auto taken = heap_in_use() - before;
+  EXPECT_GT(taken, n * 50) << "the table was expected to take far more than the keys' lengths";
+  EXPECT_GE(table.size_bytes(), taken) << "counted " << table.size_bytes() << " bytes for " << taken << " taken";
+  EXPECT_LE(table.size_bytes(), 2 * taken) << "counted " << table.size_bytes() << " bytes for " << taken << " taken";
+
+  // So a cap of 1000 keys' worth holds 1000 keys, not 30 times as many (keys
+  // "k1000" to "k1999", values of 1 byte).
+  Table capped(TableOptions().max_table_bytes(1000 * (5 + 1 + cohort::store::kEntryOverheadBytes)));
+  std::size_t stored = 0;
+  while (apply(capped, Request{Op::kSet, 0, {"k" + std::to_string(1000 + stored)}, {bytes("v")}}).status == Status::kOk)
+    ++stored;
+  EXPECT_EQ(stored, 1000u);
+}
+
+// Note [Items per request]: a request naming more keys than the store decodes is
+// refused by the client with a message, and by the server (a peer that bypassed
+// the client) as malformed, before the keys are built.
+TEST(StoreCaps, ARequestOfTooManyKeysIsRefusedOnBothSides) {
+  const auto limit = cohort::store::kMaxItemsPerList;
+  Request wait{Op::kWait, 0, std::vector<std::string>(limit + 1, ""), {}};
+  try {
+    cohort::store::encode(wait);
+    ADD_FAILURE() << "a WAIT of " << limit + 1 << " keys was encoded";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("name fewer keys at once"), std::string::npos) << e.what();
+  }
+  wait.keys.pop_back();
+  const auto payload = cohort::store::encode(wait);
+  ASSERT_TRUE(cohort::store::decode_request(payload));
+  // The same bytes with the count raised by one and one more empty key appended.
+  auto over = payload;
+  over[12] = static_cast<std::uint8_t>(over[12] + 1);  // op (1) + number (8), then the key count's low bytes
+  over.insert(over.begin() + static_cast<std::ptrdiff_t>(payload.size()) - 4, {0, 0, 0, 0});
+  EXPECT_FALSE(cohort::store::decode_request(over));
 }
 
 // Note [Replies are sized first]: one stored key named many times in a MULTI_GET is

@@ -138,8 +138,10 @@ void ServerLoop::process_frames(Connection& c) {
     auto request = decode_request(c.in.data() + pos + kFrameHeaderSize, size);
     pos += kFrameHeaderSize + size;
     if (!request) {
-      failure = "cohort: the store received a malformed request (an unknown op, or the wrong number of keys or "
-                "values for it); run the same cohort on every host of the job";
+      failure = fmt::format("cohort: the store received a malformed request (an unknown op, the wrong number of keys "
+                            "or values for it, or more than {} of either); run the same cohort on every host of "
+                            "the job, and name fewer keys at once",
+                            kMaxItemsPerList);
       break;
     }
     handle(c, std::move(*request));

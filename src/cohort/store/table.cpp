@@ -48,10 +48,14 @@ std::vector<std::string> Table::missing(const std::vector<std::string>& keys) co
   return out;
 }
 
+std::size_t Table::cost(const std::string& key, std::size_t value_size) const {
+  return key.size() + value_size + options_.entry_overhead_bytes();
+}
+
 std::int64_t Table::growth(const std::string& key, std::size_t value_size) const {
-  auto grow = static_cast<std::int64_t>(key.size() + value_size);
+  auto grow = static_cast<std::int64_t>(cost(key, value_size));
   auto it = map_.find(key);
-  if (it != map_.end()) grow -= static_cast<std::int64_t>(key.size() + it->second.size());
+  if (it != map_.end()) grow -= static_cast<std::int64_t>(cost(key, it->second.size()));
   return grow;
 }
 
@@ -138,7 +142,7 @@ std::optional<Reply> Table::apply(const Request& request) {
     case Op::kDelete: {
       auto it = map_.find(keys[0]);
       if (it == map_.end()) return ok(0);
-      bytes_ -= keys[0].size() + it->second.size();
+      bytes_ -= cost(keys[0], it->second.size());
       map_.erase(it);
       return ok(1);
     }

@@ -57,7 +57,9 @@ class Reader {
   template <typename Seq>
   bool list(std::vector<Seq>& items) {
     std::uint32_t count = 0;
-    if (!u32(count) || count > left() / 4) return false;
+    // At least 4 bytes of length per item, and at most kMaxItemsPerList items
+    // (Note [Items per request]).
+    if (!u32(count) || count > left() / 4 || count > kMaxItemsPerList) return false;
     items.reserve(count);
     for (std::uint32_t i = 0; i < count; ++i) {
       std::uint32_t size = 0;
@@ -105,6 +107,11 @@ bool fits(int want, std::size_t have) { return want < 0 || have == static_cast<s
 }  // namespace
 
 Bytes encode(const Request& request) {
+  // The client's side of Note [Items per request]: said here, before the server
+  // would drop the connection.
+  TORCH_CHECK(request.keys.size() <= kMaxItemsPerList && request.values.size() <= kMaxItemsPerList, "cohort: a store ",
+              op_name(request.op), " of ", request.keys.size(), " keys and ", request.values.size(),
+              " values is over the store's limit of ", kMaxItemsPerList, " of each per request; name fewer keys at once");
   Writer w;
   w.u8(static_cast<std::uint8_t>(request.op));
   w.i64(request.number);

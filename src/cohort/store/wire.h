@@ -99,8 +99,9 @@ struct Reply {
 
 Bytes encode(const Request& request);
 Bytes encode(const Reply& reply);
-// nullopt when `payload` is not a well-formed request: an unknown op, or the wrong
-// number of keys or values for it. The server then drops the connection.
+// nullopt when `payload` is not a well-formed request: an unknown op, the wrong
+// number of keys or values for it, or more than kMaxItemsPerList of either. The
+// server then drops the connection.
 std::optional<Request> decode_request(const Bytes& payload);
 // The same over bytes in place (the server decodes from its input buffer, uncopied).
 std::optional<Request> decode_request(const std::uint8_t* data, std::size_t size);
@@ -110,6 +111,15 @@ inline constexpr std::size_t kFrameHeaderSize = 4;
 // The largest payload a frame may carry; a bigger announced length is refused before
 // any of it is buffered.
 inline constexpr std::size_t kMaxFramePayload = std::size_t{256} << 20;
+
+// Note [Items per request]: a key decoded costs a std::string (32 bytes) however
+// short it is, so a 64 MiB WAIT of 16 million empty keys took over 500 MB once
+// decoded and parked (launcher-store repro D1: a 16 MB WAIT grew the store by
+// 302 MB). A request or reply carries at most this many keys and this many values,
+// which bounds what decoding may add to about 2 MiB beyond the frame. c10d and
+// cohort name one key per rank at most (a barrier's arrivals), so this admits
+// worlds of 65536 ranks.
+inline constexpr std::uint32_t kMaxItemsPerList = std::uint32_t{1} << 16;
 
 // The frame around `payload`; throws when it is over kMaxFramePayload.
 Bytes frame(const Bytes& payload);
