@@ -157,6 +157,20 @@ TEST(Launcher, WorkerKilledBySignalIsNamedWithTheSignal) {
       << describe(r);
 }
 
+// Gloo aborts a rank whose collective receives more bytes than it expects, from a
+// thread no caller can catch (Note [Exceptions no caller can catch]): the summary
+// still names that rank, what happened and the fix, instead of a bare SIGABRT.
+TEST(Launcher, CollectivesOfDifferentSizesNameTheRankAndTheFix) {
+  auto r = cohort::testing::run_process(cohort_run(2, {"mismatch", "1"}), 90s, {{"COHORT_TIMEOUT", "10"}});
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_NE(r.err.find("root cause (first worker to fail):\n    rank 0 (local rank 0"), std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.err.find("signal SIGABRT"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("op.preamble.length <= op.nbytes"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("different sizes; rerun with COHORT_CHECK_COLLECTIVES=1"), std::string::npos) << describe(r);
+  EXPECT_LT(r.seconds, 60.0) << describe(r);
+}
+
 TEST(Launcher, RankThatNeverJoinsIsNamedWithinTheBound) {
   auto r = cohort::testing::run_process(cohort_run(3, {"absent", "2"}), 90s, {{"COHORT_JOIN_TIMEOUT", "3"}});
   EXPECT_EQ(r.exit_code, 1) << describe(r);

@@ -237,6 +237,13 @@ int run(int argc, char** argv) {
     world.group().barrier();
     return 0;
   }
+  if (scenario == "mismatch") {
+    // Rank `target` all-reduces 21 floats, the others 1: Gloo aborts a receiver
+    // from its transport thread (Note [Exceptions no caller can catch]).
+    auto t = torch::ones({world.rank() == target ? 21 : 1});
+    world.group().all_reduce(t);
+    return 0;
+  }
   if (scenario == "stall") {
     world.group().barrier();
     if (world.rank() == target) wait_forever();

@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <exception>
 #include <iostream>
+#include <mutex>
 #include <sstream>
 #include <typeinfo>
 
@@ -93,20 +95,70 @@ std::optional<ErrorRecord> read_error_file(const std::string& path) {
   return r;
 }
 
+namespace {
+
+ErrorRecord record_of(const std::exception& e, const std::string& hint) {
+  ErrorRecord r;
+  std::string what = e.what();
+  r.message = type_name(e) + ": " + first_line(what) + hint;
+  r.detail = what;
+  r.timestamp = static_cast<long>(std::time(nullptr));
+  return r;
+}
+
+void write_if_asked(const ErrorRecord& r) {
+  auto env = comm::process_environment();
+  auto it = env.find("TORCHELASTIC_ERROR_FILE");
+  if (it != env.end() && !it->second.empty() && !write_error_file(it->second, r))
+    std::cerr << "cohort: could not write the error file " << it->second << "\n";
+}
+
+// What an abort from Gloo's own threads means, for the few we can tell apart.
+std::string hint_for(const std::string& what) {
+  if (what.find("op.preamble.length <= op.nbytes") != std::string::npos ||
+      what.find("op.preamble.nbytes") != std::string::npos)
+    return " (Gloo aborted the process: this rank received more bytes than its collective expects, so the ranks "
+           "called different collectives, or the same one with different sizes; rerun with "
+           "COHORT_CHECK_COLLECTIVES=1 on every rank to have each rank's call named, docs/ddp.md)";
+  return "";
+}
+
+// Note [Exceptions no caller can catch]: Gloo's transport threads throw on a
+// protocol violation (a peer's message longer than the receive buffer, when the
+// ranks' collectives differ in size), and an exception leaving a thread's function
+// ends the process through std::terminate, with no error file and a bare abort
+// (exit 134) in the launcher's summary. record() therefore installs this handler
+// for the life of the process: it writes the exception to the error file, with
+// what it means where we know, and then hands over to the previous handler, which
+// prints it and aborts as before. Process-wide by nature: one per process.
+std::terminate_handler previous_terminate = nullptr;
+
+[[noreturn]] void report_then_terminate() {
+  if (auto current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (const std::exception& e) {
+      auto r = record_of(e, hint_for(e.what()));
+      write_if_asked(r);
+      std::cerr << "error: uncaught in a thread: " << r.message << std::endl;
+    } catch (...) {
+    }
+  }
+  if (previous_terminate) previous_terminate();
+  std::abort();
+}
+
+}  // namespace
+
 int record(const std::function<int()>& body) {
+  static std::once_flag installed;
+  std::call_once(installed, [] { previous_terminate = std::set_terminate(report_then_terminate); });
   try {
     return body();
   } catch (const std::exception& e) {
-    ErrorRecord r;
-    std::string what = e.what();
-    r.message = type_name(e) + ": " + first_line(what);
-    r.detail = what;
-    r.timestamp = static_cast<long>(std::time(nullptr));
-    auto env = comm::process_environment();
-    auto it = env.find("TORCHELASTIC_ERROR_FILE");
-    if (it != env.end() && !it->second.empty() && !write_error_file(it->second, r))
-      std::cerr << "cohort: could not write the error file " << it->second << "\n";
-    std::cerr << "error: " << what << std::endl;
+    const auto r = record_of(e, "");
+    write_if_asked(r);
+    std::cerr << "error: " << r.detail << std::endl;
     return 1;
   }
 }
