@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -150,6 +151,36 @@ TEST(ConsoleRelay, AWriterNeverBlocksOnAConsoleNobodyReadsAndLosesOnlyWholeLines
   EXPECT_GT(announced, 0);
   EXPECT_EQ(announced, relay.dropped_lines());
   EXPECT_EQ(arrived + announced, kLines);
+}
+
+// A console that stopped reading costs the launcher's exit one drain, not two: the
+// relay's destructor does not wait again after finish() (the launcher's 11 s exit).
+TEST(ConsoleRelay, AStalledConsoleCostsOneDrainAtExit) {
+  int console[2];
+  ASSERT_EQ(::pipe2(console, O_CLOEXEC), 0);
+  const int fd = ::fcntl(console[1], F_DUPFD_CLOEXEC, 50);
+  ::close(console[1]);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    ConsoleRelay relay({fd}, 1 << 20);
+    const std::string line = numbered(2);
+    for (int i = 0; i < 4000; ++i) ASSERT_EQ(::write(fd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+    EXPECT_FALSE(relay.finish(std::chrono::seconds(2)));  // nobody reads: the drain runs out
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 4.0) << "the relay's destructor waited again after finish()";
+  EXPECT_GE(seconds, 1.9);
+  // Now read: the relay's thread delivers the rest and lets go of the console.
+  ::close(fd);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  char buf[65536];
+  for (;;) {
+    pollfd p{console[0], POLLIN, 0};
+    ASSERT_LT(std::chrono::steady_clock::now(), until) << "the relay never let go of the console";
+    if (::poll(&p, 1, 1000) <= 0) continue;
+    if (::read(console[0], buf, sizeof buf) <= 0) break;
+  }
+  ::close(console[0]);
 }
 
 TEST(ConsoleRelay, AClosedConsoleCostsTheOutputNotTheWriter) {

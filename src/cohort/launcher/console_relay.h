@@ -63,7 +63,7 @@ class ConsoleRelay {
   // relayed to where that descriptor pointed. Throws std::system_error when a pipe,
   // dup or thread cannot be made; then nothing is changed.
   explicit ConsoleRelay(std::vector<int> fds, std::size_t capacity = kDefaultCapacity);
-  // finish(kDefaultDrain) when finish() was not called.
+  // finish(kDefaultDrain) when finish() was not called; no second wait when it was.
   ~ConsoleRelay();
   ConsoleRelay(const ConsoleRelay&) = delete;
   ConsoleRelay& operator=(const ConsoleRelay&) = delete;
