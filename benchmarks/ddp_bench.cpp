@@ -38,6 +38,7 @@
 #include "cohort/comm/world.h"
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/elastic/error_file.h"
+#include "cohort/trace/world_timeline.h"
 
 namespace {
 
@@ -294,7 +295,7 @@ int main(int argc, char** argv) {
 
   return cohort::elastic::record([&] {
     torch::set_num_threads(1);
-    auto world = World::init();
+    auto world = World::init(cohort::trace::traced());
     if (tput->parsed()) return throughput(a, world);
     if (ovh->parsed()) return overhead(a, world);
     if (ovl->parsed()) return overlap(a, world);

@@ -46,6 +46,7 @@
 
 #include "cohort/comm/world.h"
 #include "cohort/elastic/error_file.h"
+#include "cohort/trace/world_timeline.h"
 #include "cohort/pipeline/pipeline.h"
 #include "cohort/pipeline/wire.h"
 
@@ -427,7 +428,7 @@ Json to_json(const Result& r) {
 
 int bench(const Args& a) {
   torch::set_num_threads(1);
-  auto world = World::init();
+  auto world = World::init(cohort::trace::traced());
   const int P = world.size();
   auto ms = a.microbatches;
   if (ms.empty()) ms = {P, 2 * P, 4 * P};

@@ -24,6 +24,7 @@
 #include "evaluate.h"
 #include "optimizer.h"
 #include "cohort/trace/step_profiler.h"
+#include "cohort/trace/world_timeline.h"
 #include "performance.h"
 #include "progress.h"
 #include "strategy.h"
@@ -75,7 +76,7 @@ void make_deterministic() {
 
 int train(const TrainerOptions& o) {
   const auto started = Clock::now();
-  auto world = cohort::comm::World::init();
+  auto world = cohort::comm::World::init(cohort::trace::traced());
   const bool lead = world.rank() == 0;
   if (o.deterministic) make_deterministic();
   const c10::Device device = choose_device(o, world);
@@ -122,7 +123,7 @@ int train(const TrainerOptions& o) {
   // next sample of the epoch with the rest re-sharded, and the learning rate follows
   // samples too. Steps per epoch differ (the batch is per rank); the saved
   // epoch_step is for people, never used to resume.
-  cohort::trace::StepProfiler profiler(world.timeline());
+  cohort::trace::StepProfiler profiler(cohort::trace::timeline_of(world));
   std::size_t reported_steps = 0;  // step times already in a periodic straggler report
   auto loader = torch::data::make_data_loader(
       train_set, sampler, torch::data::DataLoaderOptions().batch_size(static_cast<std::size_t>(o.batch_size)));
@@ -250,7 +251,7 @@ int train(const TrainerOptions& o) {
     progress.epoch_step = 0;
     pause();
     {
-      cohort::trace::Span span(world.timeline().get(), "evaluate");
+      cohort::trace::Span span(profiler.timeline(), "evaluate");
       last_eval = strategy->evaluate(test_set);
     }
     evaluated = true;

@@ -12,6 +12,7 @@
 #include "cohort/trace/chrome_trace.h"
 #include "cohort/trace/step_profiler.h"
 #include "cohort/trace/timeline.h"
+#include "cohort/trace/world_timeline.h"
 #include "support/temp_dir.h"
 #include "support/thread_world.h"
 
@@ -51,6 +52,26 @@ TEST(TimelineOptions, StepsParseAndBadOnesNameTheFlag) {
     } catch (const cohort::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("--timeline-steps"), std::string::npos) << e.what();
     }
+  }
+}
+
+// `cohort run --timeline` reaches a worker only through these variables, which
+// traced() turns into a recorder for World::init; without them it adds none.
+TEST(TimelineOptions, TracedReadsTheLaunchersVariablesAndAddsARecorderOnlyWhenAsked) {
+  const auto options = cohort::trace::timeline_options_from_env(
+      {{"COHORT_TIMELINE_DIR", "/tmp/t"}, {"COHORT_TIMELINE_STEPS", "3:5"}, {"COHORT_TIMELINE_MAX_EVENTS", "7"}});
+  EXPECT_EQ(options.directory(), "/tmp/t");
+  EXPECT_EQ(options.first_step(), 3);
+  EXPECT_EQ(options.last_step(), 5);
+  EXPECT_EQ(options.max_events(), 7u);
+  EXPECT_TRUE(cohort::trace::traced({{"COHORT_TIMELINE_DIR", "/tmp/t"}, {"COHORT_TIMEOUT", "9"}}).recorder());
+  EXPECT_EQ(cohort::trace::traced({{"COHORT_TIMEOUT", "9"}}).timeout(), std::chrono::seconds(9));
+  EXPECT_FALSE(cohort::trace::traced({{"COHORT_TIMEOUT", "9"}}).recorder());
+  try {
+    cohort::trace::timeline_options_from_env({{"COHORT_TIMELINE_DIR", "/tmp/t"}, {"COHORT_TIMELINE_MAX_EVENTS", "0"}});
+    FAIL() << "a cap of 0 events was accepted";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("COHORT_TIMELINE_MAX_EVENTS"), std::string::npos) << e.what();
   }
 }
 
@@ -146,19 +167,21 @@ TEST(Timeline, TheWorldsGroupsAndDdpRecordOnIt) {
   const auto x = torch::randn({8, 16});
   const auto y = torch::randn({8, 4});
   auto options = cohort::testing::quick_thread_world_options();
-  options.timeline(TimelineOptions().directory(dir.path));
+  options = cohort::trace::traced(options, TimelineOptions().directory(dir.path));
   cohort::testing::run_thread_world(
       2,
       [&](cohort::comm::World& world) {
-        ASSERT_NE(world.timeline(), nullptr);
-        EXPECT_EQ(world.timeline()->clock_offset_us(), 0);
+        auto timeline = cohort::trace::timeline_of(world);
+        ASSERT_NE(timeline, nullptr);
+        EXPECT_EQ(timeline.get(), world.group().recorder());
+        EXPECT_EQ(timeline->clock_offset_us(), 0);
         auto model = torch::nn::Linear(16, 4);
         cohort::ddp::DistributedDataParallel ddp(model, world.group());
         for (int step = 1; step <= 2; ++step) {
-          cohort::trace::step(world.timeline().get(), step);
+          cohort::trace::step(timeline.get(), step);
           torch::mse_loss(ddp(x), y).backward();
         }
-        world.timeline()->write();
+        timeline->write();
       },
       options);
   for (int rank = 0; rank < 2; ++rank) {

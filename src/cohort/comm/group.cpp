@@ -8,7 +8,6 @@
 
 #include "cohort/comm/arrival_board.h"
 #include "cohort/errors.h"
-#include "cohort/trace/timeline.h"
 
 namespace cohort::comm {
 namespace {
@@ -139,8 +138,8 @@ void Pending::wait() {
   if (finish_) finish_();
   // In flight from launch to this wait: drawn as an async event, since an operation
   // launched inside one phase may be waited for in another (Note [Well-nested spans]).
-  if (started_us_ >= 0 && group_->timeline)
-    group_->timeline->async(op_, "collective", started_us_, trace::Timeline::now_us(), bytes_);
+  if (started_us_ >= 0 && group_->recorder)
+    group_->recorder->async(op_, "collective", started_us_, steady_now_us(), bytes_);
 }
 
 bool Pending::is_completed() const { return !work_ || work_->isCompleted(); }
@@ -163,13 +162,13 @@ const std::string& Group::name() const { return checked("name").name; }
 std::string Group::backend_name() const { return checked("backend_name").backend->getBackendName(); }
 std::chrono::milliseconds Group::timeout() const { return checked("timeout").timeout; }
 compat::Backend& Group::backend() const { return *checked("backend").backend; }
-trace::Timeline* Group::timeline() const { return state_ ? state_->timeline.get() : nullptr; }
+Recorder* Group::recorder() const { return state_ ? state_->recorder.get() : nullptr; }
 
 Pending Group::launch(const char* op, std::int64_t bytes,
                       const std::function<c10::intrusive_ptr<compat::Work>()>& issue, std::function<void()> finish,
                       bool checkable) {
   auto& g = *state_;
-  const double started = g.timeline && g.timeline->recording() ? trace::Timeline::now_us() : -1;
+  const double started = g.recorder && g.recorder->recording() ? steady_now_us() : -1;
   auto seq = g.board->enter(op);
   // CPU fingerprints: Gloo only (NCCL pairs by size on the device, and fails there).
   if (g.check_collectives && checkable && op_code(op) >= 0 && g.global_ranks.size() > 1 &&

@@ -18,12 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "cohort/comm/recorder.h"
 #include "cohort/comm/reduce_op.h"
 #include "cohort/compat/c10d.h"
-
-namespace cohort::trace {
-class Timeline;
-}
 
 namespace cohort::comm {
 
@@ -49,7 +46,7 @@ class Pending {
   const char* op_ = "";
   std::int64_t seq_ = 0;
   std::function<void()> finish_;  // runs after a successful wait (e.g. divide for kAvg)
-  double started_us_ = -1;         // on the group's timeline; < 0 when not traced
+  double started_us_ = -1;         // on the group's recorder; < 0 when not recorded
   std::int64_t bytes_ = -1;
 };
 
@@ -104,9 +101,9 @@ class Group {
   // track() so that timeouts stay diagnosable (and the operation is traced).
   compat::Backend& backend() const;
   Pending track(c10::intrusive_ptr<compat::Work> work, const char* op, std::int64_t bytes = -1);
-  // The timeline this group records its operations on (trace/timeline.h); null when
-  // tracing is off.
-  trace::Timeline* timeline() const;
+  // What this group records its operations on (comm/recorder.h); null when nothing
+  // records.
+  Recorder* recorder() const;
 
  private:
   GroupState& checked(const char* op) const;
@@ -128,7 +125,7 @@ struct GroupState {
   bool check_collectives = false;  // Note [Checked collectives]
   c10::intrusive_ptr<compat::Backend> backend;
   std::unique_ptr<ArrivalBoard> board;
-  std::shared_ptr<trace::Timeline> timeline;  // shared by the world's groups; may be null
+  std::shared_ptr<Recorder> recorder;  // shared by the world's groups; may be null
   ~GroupState();
 };
 

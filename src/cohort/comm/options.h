@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cohort/comm/environment.h"
-#include "cohort/trace/timeline.h"
+#include "cohort/comm/recorder.h"
 
 namespace cohort::comm {
 
@@ -26,9 +26,10 @@ struct InitOptions {
   TORCH_ARG(std::chrono::milliseconds, heartbeat_interval) = std::chrono::seconds(1);
   // Network interface for Gloo (GLOO_SOCKET_IFNAME); empty picks one.
   TORCH_ARG(std::string, network_interface) = "";
-  // A per-rank timeline of steps, collectives and DDP buckets (trace/timeline.h);
-  // off unless it names a directory.
-  TORCH_ARG(trace::TimelineOptions, timeline) = {};
+  // Records the groups' collectives and DDP's buckets (comm/recorder.h); none by
+  // default. cohort::trace::traced() (trace/world_timeline.h) sets a per-rank
+  // timeline here, from `cohort run --timeline` or from TimelineOptions.
+  TORCH_ARG(RecorderFactory, recorder) = nullptr;
   // Note [Checked collectives]: before each group-wide collective, the ranks
   // compare what they call (operation and bytes) and throw ConfigError naming each
   // rank's call where they differ, instead of letting Gloo pair them (and abort the
@@ -39,10 +40,8 @@ struct InitOptions {
 
  public:  // TORCH_ARG leaves the struct in a private section.
   // Defaults overridden by COHORT_BACKEND, COHORT_TIMEOUT (seconds),
-  // COHORT_JOIN_TIMEOUT (seconds), GLOO_SOCKET_IFNAME, COHORT_CHECK_COLLECTIVES (1),
-  // and COHORT_TIMELINE_DIR,
-  // COHORT_TIMELINE_STEPS (FIRST:LAST) and COHORT_TIMELINE_MAX_EVENTS, which
-  // `cohort run --timeline` sets.
+  // COHORT_JOIN_TIMEOUT (seconds), GLOO_SOCKET_IFNAME and COHORT_CHECK_COLLECTIVES
+  // (1). The timeline's variables (COHORT_TIMELINE_*) are trace's: see traced().
   static InitOptions from_env(const EnvMap& env);
   // Throws ConfigError for a timeout that is not > 0 (c10d reads 0 as "never") or a
   // heartbeat too short to tell a live rank from a dead one.

@@ -5,13 +5,13 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
 #include "cohort/comm/arrival_board.h"
 #include "cohort/comm/backend_factory.h"
 #include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
-#include "cohort/trace/clock_align.h"
 #include "cohort/util/bytes.h"
 #include "cohort/util/parse.h"
 
@@ -25,7 +25,7 @@ struct World::State {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Store> board_store;  // a connection of its own
   mutable Group world_group;
-  std::shared_ptr<trace::Timeline> timeline;
+  std::shared_ptr<Recorder> recorder;
   mutable std::mutex mu;
   mutable int groups_created = 0;
 };
@@ -90,24 +90,31 @@ InitOptions InitOptions::from_env(const EnvMap& env) {
   if (auto v = get("COHORT_JOIN_TIMEOUT")) o.join_timeout(timeout(*v, "COHORT_JOIN_TIMEOUT"));
   if (auto v = get("GLOO_SOCKET_IFNAME")) o.network_interface(*v);
   if (auto v = get("COHORT_CHECK_COLLECTIVES")) o.check_collectives(*v != "0");
-  if (auto v = get("COHORT_TIMELINE_DIR")) {
-    trace::TimelineOptions t;
-    t.directory(*v);
-    if (auto steps = get("COHORT_TIMELINE_STEPS")) t.steps_from_string(*steps, "COHORT_TIMELINE_STEPS");
-    if (auto cap = get("COHORT_TIMELINE_MAX_EVENTS")) {
-      const long n = util::parse_long(*cap, "COHORT_TIMELINE_MAX_EVENTS");
-      if (n <= 0) throw ConfigError("COHORT_TIMELINE_MAX_EVENTS: '" + *cap + "' must be a positive count of events");
-      t.max_events(static_cast<std::size_t>(n));
-    }
-    o.timeline(t);
-  }
   return o;
 }
 
 World World::init(InitOptions options) { return init(world_info_from(process_environment()), std::move(options)); }
 
+namespace {
+
+// `cohort run --timeline` sets COHORT_TIMELINE_DIR for every worker. A program
+// whose World::init was given no recorder writes no timeline; say so once.
+void warn_if_timeline_unwired(const WorldInfo& info, const InitOptions& options) {
+  if (options.recorder() || info.rank != 0) return;
+  const char* dir = std::getenv("COHORT_TIMELINE_DIR");
+  if (!dir || !*dir) return;
+  fmt::print(stderr,
+             "cohort: COHORT_TIMELINE_DIR ({}) asks for a timeline, but this program's World::init was given no "
+             "recorder, so none is written; pass cohort::trace::traced() to World::init "
+             "(cohort/trace/world_timeline.h, docs/timeline.md)\n",
+             dir);
+}
+
+}  // namespace
+
 World World::init(const WorldInfo& info, InitOptions options) {
   options.validate();
+  warn_if_timeline_unwired(info, options);
   auto store = make_world_store(info, options);
   // The board's connection is bounded like the first one: a store host busy with
   // many workers connecting may take longer than a fixed few seconds to answer.
@@ -157,11 +164,9 @@ World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store,
   auto board = c10::make_intrusive<c10d::PrefixStore>("cohort/world", state->board_store);
   auto world_group = make_group(world, "world", all, state->info.rank, prefixed, board, state->backend, state->options);
   state->world_group = Group(world_group);
-  if (state->options.timeline().enabled()) {
-    auto timeline = std::make_shared<trace::Timeline>(state->info.rank, state->options.timeline());
-    timeline->set_clock_offset_us(trace::measure_clock_offset_us(state->world_group, state->device));
-    state->timeline = timeline;
-    world_group->timeline = std::move(timeline);
+  if (state->options.recorder()) {
+    state->recorder = state->options.recorder()(state->world_group, state->info.rank, state->device);
+    world_group->recorder = state->recorder;
   }
   return world;
 }
@@ -175,7 +180,7 @@ const std::string& World::backend_name() const { return state_->backend; }
 c10::Device World::device() const { return state_->device; }
 c10::intrusive_ptr<c10d::Store> World::store() const { return state_->store; }
 Group& World::group() const { return state_->world_group; }
-std::shared_ptr<trace::Timeline> World::timeline() const { return state_->timeline; }
+std::shared_ptr<Recorder> World::recorder() const { return state_->recorder; }
 
 Group World::new_group(std::vector<int> ranks) const {
   int id;
@@ -214,7 +219,7 @@ Group World::new_group(std::vector<int> ranks) const {
                                   id, rank(), spec, ranks.front(), util::from_bytes(theirs)));
   auto board = c10::make_intrusive<c10d::PrefixStore>("cohort/" + name, state_->board_store);
   auto group = make_group(*this, name, std::move(ranks), group_rank, store, board, state_->backend, state_->options);
-  group->timeline = state_->timeline;
+  group->recorder = state_->recorder;
   return Group(std::move(group));
 }
 

@@ -45,10 +45,9 @@ class World {
 
   // The group of all ranks.
   Group& group() const;
-  // This rank's timeline when InitOptions::timeline names a directory, else null.
-  // It is written to DIR/rank-<rank>.json when the last reference goes (or by
-  // Timeline::write()); the world's groups and DDP record on it.
-  std::shared_ptr<trace::Timeline> timeline() const;
+  // What InitOptions::recorder made for this rank, else null; the world's groups and
+  // DDP record on it. trace::timeline_of(world) gives it as a trace::Timeline.
+  std::shared_ptr<Recorder> recorder() const;
   // A sub-group over `ranks` (global ranks, any order, no duplicates). Collective:
   // every rank of the world calls it with the same ranks, in the same order of
   // new_group calls. Ranks outside `ranks` get a non-member handle.

@@ -11,7 +11,6 @@
 
 #include "cohort/ddp/autograd_graph.h"
 #include "cohort/errors.h"
-#include "cohort/trace/timeline.h"
 
 namespace cohort::ddp {
 
@@ -80,7 +79,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       status_(group_, params_.empty() ? c10::Device(c10::kCPU) : params_.front().device()) {
   TORCH_INTERNAL_ASSERT(params_.size() == names_.size());
   self_ = std::make_shared<Reducer*>(this);
-  timed_ = options_.record_timings() || group_.timeline() != nullptr;
+  timed_ = options_.record_timings() || group_.recorder() != nullptr;
   if (params_.empty())
     throw ConfigError("cohort DDP: the module has no parameter that requires grad, so there is nothing to "
                       "synchronise; wrap a module with trainable parameters");
@@ -353,24 +352,24 @@ std::vector<std::string> Reducer::names_not_ready() const {
 }
 
 // Note [DDP on the timeline]: the reducer already times each bucket for
-// last_timings(); with a timeline it draws them once the step is done, rather than
+// last_timings(); with a recorder (a timeline) it draws them once the step is done, rather than
 // from the autograd hooks, so tracing adds no lock or allocation to backward. Each
 // bucket is an async event from launch to the first time it was seen complete (at
 // a gradient's arrival or at the end), with an instant for when it became ready.
 void Reducer::trace_iteration() const {
-  auto* timeline = group_.timeline();
-  if (!timeline || !timeline->recording()) return;
+  auto* recorder = group_.recorder();
+  if (!recorder || !recorder->recording()) return;
   const double start_us =
       std::chrono::duration<double, std::micro>(iteration_start_.time_since_epoch()).count();
   auto at = [&](double s) { return start_us + s * 1e6; };
   for (std::size_t b = 0; b < timings_.buckets.size(); ++b) {
     const auto& t = timings_.buckets[b];
-    if (t.ready_s >= 0) timeline->instant(fmt::format("bucket {} ready", b), "ddp", at(t.ready_s), t.bytes);
+    if (t.ready_s >= 0) recorder->instant(fmt::format("bucket {} ready", b), "ddp", at(t.ready_s), t.bytes);
     if (t.launched_s >= 0 && t.done_s >= 0)
-      timeline->async(fmt::format("bucket {}", b), "ddp", at(t.launched_s), at(t.done_s), t.bytes);
+      recorder->async(fmt::format("bucket {}", b), "ddp", at(t.launched_s), at(t.done_s), t.bytes);
   }
   if (timings_.backward_end_s >= 0 && timings_.finalize_end_s >= 0)
-    timeline->span("ddp wait and copy back", "ddp", at(timings_.backward_end_s), at(timings_.finalize_end_s));
+    recorder->span("ddp wait and copy back", "ddp", at(timings_.backward_end_s), at(timings_.finalize_end_s));
 }
 
 double Reducer::elapsed() const {

@@ -4,7 +4,7 @@
 // profile of where a step goes, and draws both on the timeline when there is one.
 // Off the timeline it reads the clock twice per phase and allocates nothing.
 //
-//   cohort::trace::StepProfiler profiler(world.timeline());
+//   cohort::trace::StepProfiler profiler(cohort::trace::timeline_of(world));
 //   for (...) {
 //     profiler.begin_step(step);
 //     { auto p = profiler.phase("data wait"); batch = next(); }

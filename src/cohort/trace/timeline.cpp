@@ -45,11 +45,6 @@ Timeline::~Timeline() {
   }
 }
 
-double Timeline::now_us() {
-  using namespace std::chrono;
-  return static_cast<double>(duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count()) / 1e3;
-}
-
 void Timeline::set_step(std::int64_t step) {
   step_.store(step, std::memory_order_relaxed);
   const bool in = step >= options_.first_step() && (options_.last_step() < 0 || step <= options_.last_step());

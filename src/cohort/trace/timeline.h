@@ -1,13 +1,14 @@
 #pragma once
 // A per-rank timeline of what a training step spends its time on, written as a
 // Chrome trace-event JSON file that Perfetto (ui.perfetto.dev) and chrome://tracing
-// load. `cohort run --timeline DIR` turns it on for every worker; a program started
-// some other way passes InitOptions().timeline(...) to World::init. The world aligns
-// the ranks' clocks at a barrier and hands the timeline to its groups and to DDP, so
-// collectives and DDP buckets appear without more code; a training loop adds its own
-// phases with Span:
+// load. `cohort run --timeline DIR` asks every worker for one; a worker whose world
+// is made with trace::traced() (world_timeline.h) keeps it. The world aligns the
+// ranks' clocks at a barrier and hands the timeline to its groups and to DDP as their
+// comm::Recorder, so collectives and DDP buckets appear without more code; a
+// training loop adds its own phases with Span:
 //
-//   auto timeline = world.timeline();          // null when off: every call is a no-op
+//   auto world = cohort::comm::World::init(cohort::trace::traced());
+//   auto timeline = cohort::trace::timeline_of(world);  // null when off: every call is a no-op
 //   for (...) {
 //     cohort::trace::step(timeline.get(), step);
 //     cohort::trace::Span s(timeline.get(), "step");
@@ -25,6 +26,8 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "cohort/comm/recorder.h"
 
 namespace cohort::trace {
 
@@ -59,15 +62,15 @@ struct Event {
   std::int64_t step = 0;
 };
 
-class Timeline {
+class Timeline final : public comm::Recorder {
  public:
   Timeline(int rank, TimelineOptions options);
   // Writes the file if write() was not called; a failure is printed, not thrown.
-  ~Timeline();
+  ~Timeline() override;
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  static double now_us();
+  static double now_us() { return comm::steady_now_us(); }
   int rank() const { return rank_; }
   const TimelineOptions& options() const { return options_; }
 
@@ -75,13 +78,13 @@ class Timeline {
   void set_step(std::int64_t step);
   std::int64_t step() const { return step_.load(std::memory_order_relaxed); }
   // Whether the current step is inside the window (cheap; call before building a name).
-  bool recording() const { return recording_.load(std::memory_order_relaxed); }
+  bool recording() const override { return recording_.load(std::memory_order_relaxed); }
 
-  void span(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes = -1);
-  void instant(std::string name, const char* category, double at_us, std::int64_t bytes = -1);
+  void span(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes = -1) override;
+  void instant(std::string name, const char* category, double at_us, std::int64_t bytes = -1) override;
   // An operation that may overlap others on its thread (a collective in flight, a DDP
   // bucket): drawn on a track of its own, so per-thread spans stay well nested.
-  void async(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes = -1);
+  void async(std::string name, const char* category, double start_us, double end_us, std::int64_t bytes = -1) override;
 
   // Added to every timestamp written: rank 0's clock minus this one's (Note [Aligned clocks]).
   void set_clock_offset_us(double offset) { offset_us_ = offset; }

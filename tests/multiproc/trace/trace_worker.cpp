@@ -18,6 +18,7 @@
 #include "cohort/system/blas.h"
 #include "cohort/trace/step_profiler.h"
 #include "cohort/trace/straggler.h"
+#include "cohort/trace/world_timeline.h"
 
 namespace {
 
@@ -60,7 +61,7 @@ int train(cohort::comm::World& world, int steps) {
       model, world.group(),
       cohort::ddp::DistributedDataParallelOptions().record_timings(true).bucket_cap_bytes(1 << 20).first_bucket_cap_bytes(256 << 10));
   torch::optim::SGD opt(model->parameters(), 0.01);
-  cohort::trace::StepProfiler profiler(world.timeline());
+  cohort::trace::StepProfiler profiler(cohort::trace::timeline_of(world));
   for (int step = 1; step <= steps; ++step) {
     profiler.begin_step(step);
     torch::Tensor x, y;
@@ -96,7 +97,7 @@ int train(cohort::comm::World& world, int steps) {
     std::cout << std::endl;
     cohort::trace::report_to_launcher(text, env);
   }
-  if (auto timeline = world.timeline()) {
+  if (auto timeline = cohort::trace::timeline_of(world)) {
     std::cout << "timeline " << timeline->path() << " events=" << timeline->size()
               << " dropped=" << timeline->dropped() << " overhead_us=" << timeline->overhead_us() << std::endl;
   }
@@ -107,7 +108,7 @@ int train(cohort::comm::World& world, int steps) {
 
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
-  auto world = cohort::comm::World::init();
+  auto world = cohort::comm::World::init(cohort::trace::traced());
   if (scenario == "threads") return threads(world);
   if (scenario == "train") return train(world, argc > 2 ? std::stoi(argv[2]) : 20);
   std::cerr << "trace_worker: unknown scenario '" << scenario << "'\n";
