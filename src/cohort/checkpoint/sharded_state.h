@@ -3,7 +3,7 @@
 // saved shard by shard: each rank writes the state of the parameters it owns, and
 // nothing is gathered anywhere. Checkpointer::save does so with
 // CheckpointerOptions::shard_optimizer_state(true) (Note [Sharded checkpoints] in
-// checkpoint/checkpointer.cpp); load_latest reshards at any world size.
+// checkpoint/checkpointer_save.cpp); load_latest reshards at any world size.
 #include <functional>
 #include <string>
 #include <vector>
