@@ -18,6 +18,7 @@
 #include "cohort/zero/state_bytes.h"
 #include "support/temp_dir.h"
 #include "support/thread_world.h"
+#include "support/unused_parameters.h"
 
 namespace {
 using cohort::zero::FullyShard;
@@ -664,19 +665,11 @@ struct UnusedNetImpl : torch::nn::Module {
   torch::Tensor scale, spare, tilt;
 };
 
-std::unique_ptr<torch::optim::Optimizer> adamw(std::vector<torch::Tensor> p) {
-  return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
-}
+using cohort::testing::adamw;
 
 TEST(FullyShard, AParameterNoRankUsedIsSkippedAsInOneProcess) {
   constexpr int kWorld = 2, kRows = 3, kSteps = 4;
-  torch::manual_seed(5);
-  std::vector<torch::Tensor> xs, ys;
-  for (int s = 0; s < kSteps; ++s) {
-    xs.push_back(torch::randn({kWorld * kRows, 6}));
-    ys.push_back(torch::randn({kWorld * kRows, 3}));
-  }
-  auto rows = [&](const torch::Tensor& t, int r) { return t.narrow(0, r * kRows, kRows); };
+  const cohort::testing::StepBatches batches(kSteps, kWorld, kRows);
   // One process: the mean of the ranks' losses, one AdamW over every parameter.
   torch::manual_seed(1);
   auto ref = std::make_shared<UnusedNetImpl>(false);
@@ -687,7 +680,7 @@ TEST(FullyShard, AParameterNoRankUsedIsSkippedAsInOneProcess) {
     ref->use_late = s >= 2;
     for (int r = 0; r < kWorld; ++r) {
       ref->use_tilt = r == 0;
-      total = total + torch::mse_loss(ref->forward(rows(xs[s], r)), rows(ys[s], r)) / kWorld;
+      total = total + torch::mse_loss(ref->forward(batches.x(s, r)), batches.y(s, r)) / kWorld;
     }
     total.backward();
     opt->step();
@@ -706,7 +699,7 @@ TEST(FullyShard, AParameterNoRankUsedIsSkippedAsInOneProcess) {
       nets[r]->use_late = s >= 2;
       nets[r]->use_tilt = r == 0;
       o.zero_grad();
-      torch::mse_loss(root(rows(xs[s], r)), rows(ys[s], r)).backward();
+      torch::mse_loss(root(batches.x(s, r)), batches.y(s, r)).backward();
       o.step();
     }
     auto full = sharded.full_parameters();

@@ -8,6 +8,7 @@
 #include "cohort/errors.h"
 #include "cohort/zero/sharded_optimizer.h"
 #include "support/thread_world.h"
+#include "support/unused_parameters.h"
 
 namespace {
 using cohort::zero::ShardedOptimizer;
@@ -210,18 +211,11 @@ struct UnusedNet {
   }
 };
 
-std::unique_ptr<torch::optim::Optimizer> adamw(std::vector<torch::Tensor> p) {
-  return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
-}
+using cohort::testing::adamw;
 
 TEST(ZeroGradientSharder, AParameterNoRankUsedIsSkippedAsInOneProcess) {
   constexpr int kWorld = 2, kRows = 3, kSteps = 4;
-  torch::manual_seed(5);
-  std::vector<torch::Tensor> xs, ys;
-  for (int s = 0; s < kSteps; ++s) {
-    xs.push_back(torch::randn({kWorld * kRows, 6}));
-    ys.push_back(torch::randn({kWorld * kRows, 3}));
-  }
+  const cohort::testing::StepBatches batches(kSteps, kWorld, kRows);
   // One process: the mean of the ranks' losses, one AdamW over every parameter.
   UnusedNet ref;
   auto opt = adamw(ref.params);
@@ -229,8 +223,7 @@ TEST(ZeroGradientSharder, AParameterNoRankUsedIsSkippedAsInOneProcess) {
     opt->zero_grad();
     torch::Tensor loss = torch::zeros({});
     for (int r = 0; r < kWorld; ++r)
-      loss = loss + ref.loss(xs[s].narrow(0, r * kRows, kRows), ys[s].narrow(0, r * kRows, kRows),
-                             UnusedNet::late_used(r, s)) / kWorld;
+      loss = loss + ref.loss(batches.x(s, r), batches.y(s, r), UnusedNet::late_used(r, s)) / kWorld;
     loss.backward();
     opt->step();
   }
@@ -241,8 +234,7 @@ TEST(ZeroGradientSharder, AParameterNoRankUsedIsSkippedAsInOneProcess) {
     ShardedOptimizer o(net.params, world.group(), adamw, ShardedOptimizerOptions().shard_gradients(true));
     for (int s = 0; s < kSteps; ++s) {
       o.zero_grad();
-      net.loss(xs[s].narrow(0, r * kRows, kRows), ys[s].narrow(0, r * kRows, kRows), UnusedNet::late_used(r, s))
-          .backward();
+      net.loss(batches.x(s, r), batches.y(s, r), UnusedNet::late_used(r, s)).backward();
       o.step();
     }
   });

@@ -73,6 +73,19 @@ CheckpointerOptions quiet(std::vector<std::string>* warnings = nullptr, std::mut
   });
 }
 
+// Trains make_model() on `batches` with a sharded Adam on `world_size` ranks and
+// saves it shard by shard into `dir` as step `step`; `then` runs on every rank after.
+void save_sharded(const std::string& dir, int world_size, const Batches& batches, std::int64_t step,
+                  const std::function<void(cohort::comm::World&, ShardedOptimizer&)>& then = nullptr) {
+  run_thread_world(world_size, [&](cohort::comm::World& world) {
+    auto model = make_model();
+    ShardedOptimizer opt(model->parameters(), world.group(), adam());
+    train(model, opt, batches);
+    Checkpointer(dir, world.group(), quiet()).save(*model, opt, {step, 0, step, {}}, torch::kCPU);
+    if (then) then(world, opt);
+  });
+}
+
 // Adam's state of parameter i as (step, exp_avg, exp_avg_sq); step -1 when none.
 struct AdamState {
   std::int64_t step = -1;
@@ -153,12 +166,7 @@ bool same_manifest(const cohort::checkpoint::Manifest& a, const cohort::checkpoi
 TEST(ShardedCheckpoint, SavedAtThreeLoadsAtTwoAndFourAsTheWholeStateDoes) {
   cohort::testing::TempDir temp("cohort-sharded");
   const std::string dir = temp.path + "/ckpt", whole = temp.path + "/whole.pt";
-  const Batches batches(3);
-  run_thread_world(3, [&](cohort::comm::World& world) {
-    auto model = make_model();
-    ShardedOptimizer opt(model->parameters(), world.group(), adam());
-    train(model, opt, batches);
-    Checkpointer(dir, world.group(), quiet()).save(*model, opt, {3, 0, 3, {}}, torch::kCPU);
+  save_sharded(dir, 3, Batches(3), 3, [&](cohort::comm::World& world, ShardedOptimizer& opt) {
     opt.gather_state(0);
     if (world.rank() == 0) torch::save(opt, whole);
     opt.release_gathered_state();
@@ -392,12 +400,7 @@ TEST(ShardedCheckpoint, AnyDigitOfTheManifestFlippedIsRefused) {
   cohort::testing::TempDir temp("cohort-sharded");
   const std::string sharded = temp.path + "/sharded", whole = temp.path + "/whole";
   const Batches one(1);
-  run_thread_world(3, [&](cohort::comm::World& world) {
-    auto model = make_model();
-    ShardedOptimizer opt(model->parameters(), world.group(), adam());
-    train(model, opt, one);
-    Checkpointer(sharded, world.group(), quiet()).save(*model, opt, {1, 0, 1, {}}, torch::kCPU);
-  });
+  save_sharded(sharded, 3, one, 1);
   run_thread_world(1, [&](cohort::comm::World& world) {
     auto model = make_model();
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
@@ -498,13 +501,7 @@ TEST(ShardedCheckpoint, AnInconsistentManifestIsRefusedThoughItsChecksumHolds) {
   using cohort::checkpoint::Manifest;
   cohort::testing::TempDir temp("cohort-sharded");
   const std::string dir = temp.path + "/ckpt";
-  const Batches one(1);
-  run_thread_world(3, [&](cohort::comm::World& world) {
-    auto model = make_model();
-    ShardedOptimizer opt(model->parameters(), world.group(), adam());
-    train(model, opt, one);
-    Checkpointer(dir, world.group(), quiet()).save(*model, opt, {1, 0, 1, {}}, torch::kCPU);
-  });
+  save_sharded(dir, 3, Batches(1), 1);
   const std::string step = Checkpointer(dir, cohort::comm::Group()).path_of(1);
   const std::string path = step + "/" + cohort::checkpoint::kManifestName;
   const auto good = cohort::checkpoint::read_manifest(step, 1);
