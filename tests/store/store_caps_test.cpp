@@ -244,7 +244,8 @@ TEST(StoreCaps, ManySmallKeysAreCountedForTheMemoryTheyTake) {
   const auto taken = heap_in_use() - before;
   EXPECT_GT(taken, n * 50) << "the table was expected to take far more than the keys' lengths";
   EXPECT_GE(table.size_bytes(), taken) << "counted " << table.size_bytes() << " bytes for " << taken << " taken";
-  EXPECT_LE(table.size_bytes(), 2 * taken) << "counted " << table.size_bytes() << " bytes for " << taken << " taken";
+  // Not wildly more either (ASan counts the bytes asked for, without malloc's headers).
+  EXPECT_LE(table.size_bytes(), 3 * taken) << "counted " << table.size_bytes() << " bytes for " << taken << " taken";
 
   // So a cap of 1000 keys' worth holds 1000 keys, not 30 times as many (keys
   // "k1000" to "k1999", values of 1 byte).
