@@ -525,6 +525,24 @@ TEST(CheckpointFiles, AZipDirectoryPastTheEndIsADataError) {
   EXPECT_THROW(load_state_dict(*model, input.substr(1), "model.pt"), cohort::DataError);
 }
 
+// Found by fuzz_checkpoint_pickle: a pickle that begins with NEWOBJ made LibTorch
+// 1.13's unpickler take values from an empty stack, a SEGV (Note [Pickles that
+// underflow the stack]). A DataError saying where now, before LibTorch reads it.
+TEST(CheckpointFiles, APickleThatTakesFromAnEmptyStackIsADataError) {
+  const std::string input = read_whole_file(std::string(COHORT_FUZZ_REGRESSIONS_DIR) +
+                                            "/fuzz_checkpoint_pickle/newobj-on-an-empty-stack");
+  torch::nn::Linear model(2, 3);
+  try {
+    load_state_dict(*model, input.substr(1), "model.pt");
+    FAIL() << "loaded";
+  } catch (const cohort::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.pt: its pickle is malformed at byte 2 (opcode 0x81)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(decode_trainer_state(input.substr(1), "trainer.pt"), cohort::DataError);
+}
+
 // A state dict with a key that is not a string reached toStringRef(), LibTorch's
 // internal assert; it is a DataError now.
 TEST(CheckpointFiles, StateDictKeyThatIsNotAStringIsADataError) {

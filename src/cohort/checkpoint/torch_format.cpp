@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 
+#include "cohort/checkpoint/pickle_stack.h"
 #include "cohort/errors.h"
 
 namespace cohort::checkpoint {
@@ -65,8 +66,14 @@ c10::IValue torch_load_bytes(const std::string& bytes, const std::string& source
   std::string why;
   try {
     caffe2::serialize::PyTorchStreamReader archive(std::make_shared<BoundedReader>(bytes));
+    {
+      auto [pickle, size] = archive.getRecord("data.pkl");  // Note [Pickles that underflow the stack]
+      check_pickle_stack(static_cast<const char*>(pickle.get()), size, source);
+    }
     return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                              /*type_resolver=*/{}, /*obj_loader=*/{}, /*device=*/{}, archive);
+  } catch (const DataError&) {
+    throw;
   } catch (const c10::Error& e) {
     why = e.what_without_backtrace();
   } catch (const std::exception& e) {
