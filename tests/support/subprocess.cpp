@@ -15,6 +15,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 extern char** environ;
 
@@ -141,13 +142,13 @@ bool process_gone(pid_t pid) {
 
 namespace {
 
-// The bottom of the kernel's ephemeral range, from which it draws the local port
-// of every outgoing connection (and of bind to port 0).
-int ephemeral_low() {
+// The kernel's ephemeral range, from which it draws the local port of every
+// outgoing connection (and of bind to port 0).
+std::pair<int, int> ephemeral_range() {
   std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
-  int low = 32768;
-  in >> low;
-  return low;
+  int low = 32768, high = 60999;
+  in >> low >> high;
+  return {low, high};
 }
 
 bool bindable(int port) {
@@ -172,8 +173,16 @@ bool bindable(int port) {
 // this test process by a lock on a file named after the port: the lock goes with
 // the process, so concurrent tests never share one and a crash leaks nothing.
 int free_port() {
-  const int low = ephemeral_low();
-  const int first = 12000, last = low > first + 1000 ? low - 1 : 29999;
+  // Below the ephemeral range where there is room, else above it.
+  const auto [low, high] = ephemeral_range();
+  int first = 12000, last = low - 1;
+  if (last < first + 1000) {
+    first = high + 1;
+    last = 65535;
+  }
+  if (last < first + 1000)
+    throw std::runtime_error("free_port: the ephemeral range " + std::to_string(low) + ".." + std::to_string(high) +
+                             " (/proc/sys/net/ipv4/ip_local_port_range) leaves no room for test ports; narrow it");
   const std::string dir = "/tmp/cohort-test-ports";
   ::mkdir(dir.c_str(), 0777);
   std::random_device seed;

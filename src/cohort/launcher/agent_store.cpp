@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <set>
+#include <thread>
 
+#include "cohort/launcher/port_holders.h"
 #include "cohort/launcher/refusal_report.h"
 #include "cohort/store/tls.h"
 #include "cohort/store/store_client.h"
@@ -114,6 +117,42 @@ c10::intrusive_ptr<store::StoreClient> connect(const std::string& host, int port
   }
 }
 
+// Note [A port held without a listener]
+// Hosting fails (EADDRINUSE) while any socket holds the port, listening or not. Two
+// agents of one job started together on one host may each find it held by the
+// other's socket between that one's bind and its listen (stop 35's CI saw both fail
+// so), and a connection may use it as its local port for a while. Only a listener
+// can be this job's store, so while nothing listens there the agent tries to host
+// again, after a random pause, for the probe's 5 s; then it names the sockets that
+// hold the port (/proc/net/tcp). Returns null, with the reason in `error`, when a
+// listener holds it: the caller's handshake tells whether it is this job's store.
+std::unique_ptr<store::StoreServer> host_store(const std::string& bind, int port, const std::string& token,
+                                               const store::Certificates& certificates,
+                                               const std::function<void()>& check, std::string& error) {
+  const auto deadline = std::chrono::steady_clock::now() + kProbeTimeout;
+  std::mt19937 pick(std::random_device{}());
+  std::uniform_int_distribution<int> pause_ms(20, 120);
+  while (true) {
+    try {
+      return std::make_unique<store::StoreServer>(store::StoreServerOptions(token).bind_address(bind).port(port)
+                                                      .on_refused(refusals_to_stderr()).certificates(certificates));
+    } catch (const UsageError&) {
+      throw;
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    if (port == 0 || listener_at(bind, port)) return nullptr;
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw UsageError(fmt::format("--rdzv-endpoint {}:{}: this agent could not host the store ({}), and for {:.0f} "
+                                   "s nothing listened on the port while sockets held it:\n{}  fix: stop what "
+                                   "holds the port, or pick a free port for --rdzv-endpoint, on every node",
+                                   bind, port, error, std::chrono::duration<double>(kProbeTimeout).count(),
+                                   port_holders(port)));
+    check();
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms(pick)));
+  }
+}
+
 UsageError refused(const RunOptions& o, const std::exception& e) {
   // A refusal over certificates (COHORT_STORE_TLS_*) names its own fix.
   const std::string why = e.what();
@@ -170,16 +209,10 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
   s.port = endpoint.port;
   std::string connect_to = endpoint.host;
   if (options.standalone || is_local_host(endpoint.host)) {
-    try {
-      const auto bind = options.standalone ? std::string("127.0.0.1") : bind_address_for(endpoint.host);
-      connect_to = s.host = bind;
-      s.server = std::make_unique<store::StoreServer>(
-          store::StoreServerOptions(token).bind_address(bind).port(endpoint.port).on_refused(refusals_to_stderr())
-              .certificates(certificates));
-      s.port = s.server->port();
-    } catch (const UsageError&) {
-      throw;
-    } catch (const ConfigError& host_error) {
+    const auto bind = options.standalone ? std::string("127.0.0.1") : bind_address_for(endpoint.host);
+    connect_to = s.host = bind;
+    std::string host_error;
+    if (!(s.server = host_store(bind, endpoint.port, token, certificates, check, host_error))) {
       // Taken: by another agent of this job on this host, we hope; the handshake tells.
       try {
         s.client = c10::make_intrusive<store::StoreClient>(s.host, s.port, token,
@@ -194,16 +227,17 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
                                      "connections but does not answer, or a store too busy to.\n  fix: find what "
                                      "holds the port (`ss -ltnp`), or pick a free port for --rdzv-endpoint, on every "
                                      "node",
-                                     options.rdzv_endpoint, host_error.what(), s.port,
+                                     options.rdzv_endpoint, host_error, s.port,
                                      std::chrono::duration<double>(kProbeTimeout).count(), e.what()));
       } catch (const std::exception& e) {
         throw UsageError(fmt::format("--rdzv-endpoint {}: this agent could not host the store ({}), and what holds "
                                      "port {} is not this job's store ({}).\n  fix: pick a free port for "
                                      "--rdzv-endpoint, on every node",
-                                     options.rdzv_endpoint, host_error.what(), s.port, e.what()));
+                                     options.rdzv_endpoint, host_error, s.port, e.what()));
       }
       return s;
     }
+    s.port = s.server->port();
     if (options.max_nodes > 1 && connect_to.rfind("127.", 0) == 0)
       fmt::print(stderr, "cohort run: warning: --rdzv-endpoint {} resolves to {} on this host, a loopback address "
                          "that other hosts cannot reach; give this host's network address if nodes run elsewhere\n",

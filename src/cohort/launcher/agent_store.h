@@ -7,7 +7,9 @@
 // Several agents may run on that host (tests, or one agent per GPU group), so being
 // on it is not enough: the first to bind the port hosts, and the others find the
 // port taken and connect as clients. A port taken by anything but this job's store
-// shows up when the handshake fails, and is reported against --rdzv-endpoint. The
+// shows up when the handshake fails, and is reported against --rdzv-endpoint; one
+// held without a listener is tried again for a while (Note [A port held without a
+// listener] in agent_store.cpp). The
 // server binds the endpoint's own address (loopback for --standalone), never every
 // interface.
 #include <chrono>
