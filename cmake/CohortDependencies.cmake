@@ -50,6 +50,21 @@ endif()
 # on every version, so wrap it in one.
 if(NOT TARGET cohort_torch)
   add_library(cohort_torch INTERFACE)
+  # A LibTorch of its own (pip's, the official zip), not the system's (Debian's).
+  list(GET TORCH_INCLUDE_DIRS 0 _cohort_torch_include)
+  set(_cohort_own_torch OFF)
+  if(NOT _cohort_torch_include IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
+    set(_cohort_own_torch ON)
+  endif()
+  # Note [pip's LibTorch exports libstdc++]: pip's libtorch.so carries parts of a newer
+  # GCC's libstdc++, linked in statically, and exports some of them
+  # (std::filesystem::remove_all, ...; pytorch/pytorch#133437). Their code calls
+  # functions that Debian 12's libstdc++ lacks, weak and so null there: a test's
+  # remove_all jumped to address 0. Named before LibTorch on the link line, libstdc++
+  # binds every std:: symbol that both define (versioned, @GLIBCXX_...).
+  if(_cohort_own_torch AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND NOT APPLE)
+    target_link_libraries(cohort_torch INTERFACE stdc++)
+  endif()
   target_link_libraries(cohort_torch INTERFACE ${TORCH_LIBRARIES})
   target_include_directories(cohort_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
   # pip's and the official LibTorch are built with the pre-C++11 ABI flag set
@@ -61,10 +76,7 @@ if(NOT TARGET cohort_torch)
   # <fmt/...>` of cohort's gets those while Debian's libfmt (9 on Debian 12) is the
   # one linked: fmt::v12 symbols go missing. Such a LibTorch gets fmt header-only.
   # Debian's LibTorch uses the system's fmt and has its headers in /usr/include.
-  list(GET TORCH_INCLUDE_DIRS 0 _cohort_torch_include)
-  if(EXISTS "${_cohort_torch_include}/fmt/format.h"
-     AND NOT _cohort_torch_include IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
-    set(COHORT_TORCH_BUNDLES_FMT ON)
+  if(_cohort_own_torch AND EXISTS "${_cohort_torch_include}/fmt/format.h")
     target_compile_definitions(cohort_torch INTERFACE FMT_HEADER_ONLY=1)
   endif()
   # Note [C++ standard]: cohort is C++17 (CMakeLists.txt), as LibTorch 1.13 and 2.x's
