@@ -7,9 +7,11 @@
 # system's directories before PATHS: on a machine that also has Debian's
 # libtorch-dev, pip's torch would link Debian's libc10 1.13 next to its own. A
 # prefix given as pip's torch.utils.cmake_prefix_path (<torch>/share/cmake) or as
-# Torch_DIR (<torch>/share/cmake/Torch) puts <torch>/lib first on the search.
+# Torch_DIR (<torch>/share/cmake/Torch), here or in the environment, puts <torch>/lib
+# first on the search.
 set(_cohort_library_path "${CMAKE_LIBRARY_PATH}")
-foreach(_cohort_dir IN LISTS CMAKE_PREFIX_PATH Torch_DIR)
+string(REPLACE ":" ";" _cohort_env_prefix "$ENV{CMAKE_PREFIX_PATH}")
+foreach(_cohort_dir IN LISTS CMAKE_PREFIX_PATH _cohort_env_prefix Torch_DIR)
   foreach(_cohort_up "" "/.." "/../..")
     get_filename_component(_cohort_root "${_cohort_dir}${_cohort_up}" ABSOLUTE)
     if(EXISTS "${_cohort_root}/share/cmake/Torch/TorchConfig.cmake" AND EXISTS "${_cohort_root}/lib")
@@ -112,9 +114,11 @@ if(NOT TARGET cohort_torch)
   endif()
   # Note [Gloo's headers]: ProcessGroupGloo.hpp includes Gloo's headers, which
   # Debian's LibTorch takes from libgloo-dev but pip's wheels do not ship. Debian
-  # 12's Gloo (2022) is older than the one in pip's LibTorch 2.x; Debian 13's
-  # (0.0~git20231202) is close enough. COHORT_GLOO_INCLUDE_DIR names a directory
-  # holding such a gloo/ (scripts/pypi-torch makes one); it comes before /usr/include.
+  # 12's Gloo (2022) is older than the one in pip's LibTorch 2.x (2.11's compiles
+  # against it too, but ProcessGroupGloo.hpp's inline GlooStore then sees another
+  # gloo::rendezvous::Store); Debian 13's (0.0~git20231202) matches closely enough.
+  # COHORT_GLOO_INCLUDE_DIR names a directory holding such a gloo/ (scripts/pypi-torch
+  # makes one); it comes before /usr/include.
   set(COHORT_GLOO_INCLUDE_DIR "" CACHE PATH
     "A directory with Gloo headers matching LibTorch's Gloo, for a LibTorch that ships none (pip's)")
   if(COHORT_GLOO_INCLUDE_DIR)
@@ -122,6 +126,10 @@ if(NOT TARGET cohort_torch)
       message(FATAL_ERROR "cohort: COHORT_GLOO_INCLUDE_DIR=${COHORT_GLOO_INCLUDE_DIR} has no gloo/rendezvous/store.h")
     endif()
     target_include_directories(cohort_torch SYSTEM BEFORE INTERFACE ${COHORT_GLOO_INCLUDE_DIR})
+    message(STATUS "cohort: Gloo headers from ${COHORT_GLOO_INCLUDE_DIR}")
+  elseif(_cohort_own_torch AND NOT EXISTS "${_cohort_torch_include}/gloo/rendezvous/store.h")
+    message(STATUS "cohort: this LibTorch ships no Gloo headers; the system's are used "
+      "(Note [Gloo's headers]: COHORT_GLOO_INCLUDE_DIR)")
   endif()
 endif()
 
