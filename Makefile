@@ -12,7 +12,7 @@ COHORT       = $(BUILD)/tools/cohort/cohort
 
 export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
 
-.PHONY: all deps configure build run test test-torch2 test-torch2-cuda build-asan test-asan fuzz bench install clean
+.PHONY: all deps configure build run test test-torch2 test-torch2-cuda test-pypi build-asan test-asan fuzz bench install clean
 
 all: build
 
@@ -59,6 +59,16 @@ test-torch2:
 test-torch2-cuda:
 	$(MAKE) test-torch2 TORCH2_FLAVOR=cuda
 
+# The same suite against PyPI's torch wheel (pip's LibTorch, a CUDA build), natively
+# on Debian 12, run on this machine's CPU: scripts/pypi-torch makes the venv
+# (/var/cache/cohort/venv-torch211 for 2.11.x), fetches Debian 13's Gloo headers,
+# configures (Release at -O1), builds and runs scripts/run-tests.
+TORCH_PYPI  ?= 2.11.0
+PYPI_BUILD  ?= build-pypi-$(TORCH_PYPI)
+PYPI_FLAGS  ?= -DCOHORT_WERROR=ON -DCOHORT_BUILD_BENCHMARKS=OFF
+test-pypi: deps
+	JOBS=$(JOBS) scripts/pypi-torch $(TORCH_PYPI) $(PYPI_BUILD) $(PYPI_FLAGS)
+
 # The suite under AddressSanitizer and UndefinedBehaviorSanitizer, built with clang
 # in build-asan, which also holds the libFuzzer targets (docs/sanitizers.md,
 # docs/fuzzing.md). `make fuzz` runs each fuzzer FUZZ_SECONDS on its corpus.
@@ -95,4 +105,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-torch2 build-torch2-cuda
+	rm -rf $(BUILD) build-torch2 build-torch2-cuda build-pypi-*

@@ -3,7 +3,18 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
+// GCC 12 at -O1 warns that LibTorch 2.11's data loader may move an uninitialized
+// Tensor (torch::data::detail::sequencers::OrderedSequencer::next, which this file's
+// loader instantiates): a false positive in LibTorch's headers, which their system
+// include path does not silence once the code is instantiated here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <torch/torch.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 #include <chrono>
 #include <cmath>

@@ -4,6 +4,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/ivalue.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <string>
