@@ -36,3 +36,16 @@ malloc_env() {
     equal) echo "COHORT_BENCH_MALLOC_SETTING=equal MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000" ;;
   esac
 }
+
+# Note [The PyTorch 2 peer]: the peers that need PyTorch 2 (torch.distributed.pipelining,
+# FSDP; 1.13's FSDP does not import under Python 3.11) run on PyPI's torch, in the venv
+# that scripts/pypi-torch makes (made on first use; COHORT_PEER_TORCH picks the
+# version, 2.11.0 by default, the GPU machine's), or on COHORT_PEER_PYTHON when set.
+# They used to run on Debian 13's PyTorch 2.6 in a chroot, which CI no longer makes.
+torch2_python() {
+  if [[ -n ${COHORT_PEER_PYTHON:-} ]]; then
+    echo "$COHORT_PEER_PYTHON"
+    return
+  fi
+  "$(dirname "${BASH_SOURCE[0]}")/../scripts/pypi-torch" --venv-only "${COHORT_PEER_TORCH:-2.11.0}" | tail -n 1
+}

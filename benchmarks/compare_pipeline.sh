@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Pipeline schedules, cohort against PyTorch's torch.distributed.pipelining, in one run
 # (BENCHMARKS.md, issue 13). For each pipeline size P (default 2 and 4): pipeline_bench
-# under `cohort run` (LibTorch 1.13, this build), then pipeline_peer.py under torchrun in
-# the Debian 13 chroot (PyTorch 2.6, scripts/torch2-chroot), both with stages that sleep
+# under `cohort run` (LibTorch 1.13, this build), then pipeline_peer.py under torchrun on
+# PyPI's PyTorch 2.11 (Note [The PyTorch 2 peer] in bench_env.sh), both with stages that sleep
 # F, I and W ms per micro-batch (Note [Sleeping stages] in pipeline_bench.cpp), for
 # GPipe, 1F1B, interleaved (V = 2) and zero-bubble at m = P, 2P, 4P micro-batches.
 # Prints both sides' tables, then per (schedule, P, m) the step times, their ratio
 # cohort/PyTorch and each side's bubble against the formula.
 #   benchmarks/compare_pipeline.sh [BUILD_DIR] [P...]
 # Extra arguments for both programs go in PIPELINE_BENCH_ARGS, e.g.
-# PIPELINE_BENCH_ARGS="--warmup 1 --steps 2" for a smoke run. Needs root (the chroot).
+# PIPELINE_BENCH_ARGS="--warmup 1 --steps 2" for a smoke run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/bench_env.sh"
@@ -17,33 +17,15 @@ build=${1:-build}
 shift || true
 sizes=("$@")
 ((${#sizes[@]})) || sizes=(2 4)
-repo=$(cd "$here/.." && pwd)
 read -r -a extra <<< "${PIPELINE_BENCH_ARGS:-}"
 if [[ $bench_smoke == 1 ]]; then extra=(--warmup 1 --steps 1 --forward-ms 2 --input-ms 2 --weight-ms 2) sizes=(2); fi
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
-# The chroot admits one user at a time (a lock): wait for it, up to 10 minutes.
+py2=$(torch2_python)
 peer() {
-  local p=$1 log tries=0
-  log=$(mktemp)
-  while :; do
-    if "$repo/scripts/torch2-chroot" \
-      "GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 python3 -u $here/pipeline_peer.py --torchrun $p ${extra[*]}" \
-      2>"$log" | tee -a "$out"; then
-      break
-    fi
-    if grep -q 'another torch2-chroot is using' "$log" && ((++tries < 20)); then
-      echo "compare_pipeline: the chroot is busy; retrying in 30 s" >&2
-      sleep 30
-      continue
-    fi
-    cat "$log" >&2
-    rm -f "$log"
-    return 1
-  done
-  rm -f "$log"
+  GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 "$py2" -u "$here/pipeline_peer.py" --torchrun "$1" "${extra[@]}" | tee -a "$out"
 }
 
 for p in "${sizes[@]}"; do

@@ -4,17 +4,16 @@
 # thread per rank, side by side with PyTorch on the same model and protocol
 # (benchmarks/zero_peer.py): its DDP and ZeroRedundancyOptimizer
 # (Debian 12's PyTorch 1.13, under `cohort run`), and its DDP, ZeroRedundancyOptimizer
-# and FSDP (SHARD_GRAD_OP and FULL_SHARD) from Debian 13's PyTorch 2.6 in the chroot
-# (scripts/torch2-chroot; 1.13's FSDP does not import under Python 3.11). Each line:
+# and FSDP (SHARD_GRAD_OP and FULL_SHARD) from PyPI's PyTorch 2.11 (Note [The
+# PyTorch 2 peer] in bench_env.sh). Each line:
 # the median of 7 timed repetitions of 3 steps after 3 warm-up steps, the slowest
-# rank's. Needs a quiet machine (a build beside it cuts the figures several-fold)
-# and root (the chroot). ZERO_BENCH_ARGS="--width 512 --reps 3" for a smoke run.
+# rank's. Needs a quiet machine (a build beside it cuts the figures several-fold).
+# ZERO_BENCH_ARGS="--width 512 --reps 3" for a smoke run.
 #   benchmarks/compare_zero_throughput.sh [BUILD_DIR]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/bench_env.sh"
 build=${1:-build}
-repo=$(cd "$here/.." && pwd)
 read -r -a extra <<< "${ZERO_BENCH_ARGS:-}"
 if [[ $bench_smoke == 1 ]]; then extra=(--width 256 --reps 1); fi
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
@@ -27,8 +26,8 @@ for mode in ddp zero1; do
   "${cohort[@]}" "${peer_conf[@]}" /usr/bin/python3 "$here/zero_peer.py" --mode "$mode" \
     "${extra[@]}" | sed 's/^\[rank0\]: //'
 done
-COHORT_TORCH2_FLAVOR=${COHORT_TORCH2_FLAVOR:-cuda} "$repo/scripts/torch2-chroot" "
-  for mode in ddp zero1 fsdp-grad-op fsdp-full; do
-    GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 python3 -u benchmarks/zero_peer.py --torchrun 2 --mode \$mode ${extra[*]} |
-      grep '^{'
-  done"
+py2=$(torch2_python)
+for mode in ddp zero1 fsdp-grad-op fsdp-full; do
+  GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 "$py2" -u "$here/zero_peer.py" --torchrun 2 --mode "$mode" "${extra[@]}" |
+    grep '^{'
+done

@@ -1,8 +1,8 @@
 """The peer of pipeline_bench.cpp: the same sleeping stages and protocol through PyTorch's
-own torch.distributed.pipelining (PyTorch 2.6, Gloo), started by torchrun inside the
-Debian 13 chroot (compare_pipeline.sh does it):
+own torch.distributed.pipelining (PyTorch 2.11 from PyPI, or 2.6, Gloo), started by torchrun
+(compare_pipeline.sh does it, on the venv of scripts/pypi-torch):
 
-  scripts/torch2-chroot 'python3 benchmarks/pipeline_peer.py --torchrun P [flags]'
+  "$(scripts/pypi-torch --venv-only 2.11.0)" benchmarks/pipeline_peer.py --torchrun P [flags]
 
 --torchrun P runs torchrun's own main() (--standalone --nproc-per-node P) on this script,
 without libuv, which Debian 13's PyTorch lacks (torch2_launch.py).
@@ -195,9 +195,14 @@ def fix_batch_p2p():
     one per op, and a Gloo send whose Work is dropped is dropped with it, so Schedule1F1B
     (and the multi-stage schedules) hang at their first fused send + receive. This is
     pytorch/pytorch#132644, fixed upstream by #152938 (after 2.6) the same way: keep and
-    wait for every Work."""
+    wait for every Work. Later releases (2.11) return every Work already, and their
+    schedules iterate over the list: they are left as they are."""
+    import inspect
+
     import torch.distributed.pipelining.schedules as schedules
 
+    if ".pop()" not in inspect.getsource(schedules._batch_p2p):
+        return
     def _batch_p2p(p2p_ops, desc=None):
         if len(p2p_ops) == 0:
             return None
