@@ -12,7 +12,7 @@ COHORT       = $(BUILD)/tools/cohort/cohort
 
 export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
 
-.PHONY: all deps configure build run test test-torch2 test-torch2-cuda test-pypi build-asan test-asan fuzz bench install clean
+.PHONY: all deps configure build run test test-torch2 test-torch2-cuda test-pypi build-pypi build-asan test-asan fuzz bench install clean
 
 all: build
 
@@ -68,6 +68,11 @@ PYPI_BUILD  ?= build-pypi-$(TORCH_PYPI)
 PYPI_FLAGS  ?= -DCOHORT_WERROR=ON -DCOHORT_BUILD_BENCHMARKS=OFF
 test-pypi: deps
 	JOBS=$(JOBS) scripts/pypi-torch $(TORCH_PYPI) $(PYPI_BUILD) $(PYPI_FLAGS)
+
+# Only builds (library, launcher, examples, tests), runs nothing: CI's check that the
+# newest PyPI release compiles (`make build-pypi TORCH_PYPI=2.15.0`).
+build-pypi: deps
+	JOBS=$(JOBS) scripts/pypi-torch --no-test $(TORCH_PYPI) $(PYPI_BUILD) $(PYPI_FLAGS)
 
 # The suite under AddressSanitizer and UndefinedBehaviorSanitizer, built with clang
 # in build-asan, which also holds the libFuzzer targets (docs/sanitizers.md,

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "cohort/errors.h"
 #include "cohort/launcher/agent_store.h"
@@ -59,8 +60,9 @@ TEST(AgentStore, APortHeldForAMomentByASocketThatDoesNotListenIsHostedOnceFree) 
   release.join();
   ASSERT_NE(s.server, nullptr) << "the port was free again after 400 ms, yet this agent did not host";
   EXPECT_EQ(s.port, port);
-  s.client->set("k", {1, 2, 3});
-  EXPECT_EQ(s.client->get("k"), std::vector<uint8_t>({1, 2, 3}));
+  const std::vector<uint8_t> value{1, 2, 3};
+  s.client->set("k", value);
+  EXPECT_EQ(s.client->get("k"), value);
 }
 
 TEST(AgentStore, APortHeldByAConnectionIsRefusedNamingTheConnection) {
@@ -120,8 +122,9 @@ TEST(AgentStore, OfAgentsStartedTogetherOneHostsAndTheOthersJoin) {
       hosts += stores[i].server ? 1 : 0;
     }
     ASSERT_EQ(hosts, 1) << "round " << round;
-    stores[1].client->set("round", {static_cast<uint8_t>(round)});
-    EXPECT_EQ(stores[2].client->get("round"), std::vector<uint8_t>({static_cast<uint8_t>(round)}));
+    const std::vector<uint8_t> value{static_cast<uint8_t>(round)};
+    stores[1].client->set("round", value);
+    EXPECT_EQ(stores[2].client->get("round"), value);
   }
 }
 

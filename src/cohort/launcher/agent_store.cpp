@@ -7,6 +7,7 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <random>
 #include <set>
@@ -141,7 +142,10 @@ std::unique_ptr<store::StoreServer> host_store(const std::string& bind, int port
     } catch (const ConfigError& e) {
       error = e.what();
     }
-    if (port == 0 || listener_at(bind, port)) return nullptr;
+    // Only a port in use can free itself; other refusals (privileged port, foreign
+    // address) go to the caller's handshake and its messages at once.
+    const bool in_use = error.find(std::strerror(EADDRINUSE)) != std::string::npos;
+    if (!in_use || port == 0 || listener_at(bind, port)) return nullptr;
     if (std::chrono::steady_clock::now() >= deadline)
       throw UsageError(fmt::format("--rdzv-endpoint {}:{}: this agent could not host the store ({}), and for {:.0f} "
                                    "s nothing listened on the port while sockets held it:\n{}  fix: stop what "
