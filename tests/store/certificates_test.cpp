@@ -131,9 +131,12 @@ TEST(StoreCertificates, ACertificateOfAnotherCaIsRefusedOnBothEnds) {
   // Refused at once, not after the connect timeout: with the store's alert, or, when
   // the store closed with the peer's handshake data unread and the kernel reset the
   // connection before the alert was read (seen once in CI's LibTorch 2.6 leg), with
-  // the reset.
+  // the reset, or after a few plain closes (Note [A refusal without its alert]; 3 of
+  // 8 runs against PyPI's torch 2.11 waited out the 5 s connect timeout before).
   EXPECT_TRUE(contains(error, "refused this peer's certificate (tlsv1 alert unknown ca)") ||
-              contains(error, "refused this peer's certificate (Connection reset by peer)"))
+              contains(error, "refused this peer's certificate (Connection reset by peer)") ||
+              contains(error, "refused this peer's certificate (it closed the connection right after the TLS "
+                              "handshake"))
       << error;
   EXPECT_LT(Clock::now() - started, 4s) << error;
   auto reasons = s.refusals(1);

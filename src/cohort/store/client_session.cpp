@@ -60,7 +60,8 @@ void check_servers_proof(const tls::Session& session, const Reply& answer, const
 // connection or went quiet, which is worth another try: it had too many peers
 // mid-handshake, or was stopping. Throws when it answered but must not be used.
 std::unique_ptr<tls::Session> handshake_over(const tls::Context& context, int fd, const std::string& where,
-                                             Clock::time_point deadline, std::string& last_error) {
+                                             Clock::time_point deadline, std::string& last_error,
+                                             int& closed_after_handshake) {
   auto session = std::make_unique<tls::Session>(context, fd);
   switch (session->handshake(deadline)) {
     case net::Io::kDone: break;
@@ -107,6 +108,17 @@ std::unique_ptr<tls::Session> handshake_over(const tls::Context& context, int fd
                                   "host of the job a certificate of the CA in the store's COHORT_STORE_TLS_CA, valid "
                                   "for both TLS client and server use",
                                   where, session->error()));
+  // Note [A refusal without its alert]: the store sends its alert and closes; when
+  // our first request reached it before the close, the kernel may reset the
+  // connection or end it before the alert is read, and we see a plain close. A store
+  // that is stopping closes so too, once; one that does so again and again refused
+  // us, and waiting for the connect timeout would only hide why.
+  if (io == net::Io::kClosed && certificates && ++closed_after_handshake >= 3)
+    throw ConfigError(fmt::format("cohort: the store at {} refused this peer's certificate (it closed the connection "
+                                  "right after the TLS handshake, {} times; its alert was lost)\n  fix: give every "
+                                  "host of the job a certificate of the CA in the store's COHORT_STORE_TLS_CA, valid "
+                                  "for both TLS client and server use",
+                                  where, closed_after_handshake));
   if (io != net::Io::kDone) {
     last_error = io == net::Io::kTimedOut ? "the server did not answer its first request"
                                           : "the server closed the connection after the handshake";
@@ -129,10 +141,11 @@ ClientSession open_session(const std::string& host, int port, const std::string&
   const auto where = fmt::format("{}:{}", host, port);
   auto context = std::make_unique<tls::Context>(tls::Role::kClient, token, certificates);
   std::string last_error;
+  int closed_after_handshake = 0;
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {
     if (auto fd = net::connect_once(host, port, deadline, last_error))
-      if (auto tls = handshake_over(*context, fd.get(), where, deadline, last_error))
+      if (auto tls = handshake_over(*context, fd.get(), where, deadline, last_error, closed_after_handshake))
         return ClientSession{std::move(context), std::move(fd), std::move(tls)};
     auto now = Clock::now();
     if (now >= deadline)
