@@ -145,10 +145,20 @@ TEST(ThreadWorld, TimeoutNamesTheRankThatDidNotArrive) {
   auto m1 = ranks[1].get();
   release.set_value();
   ranks[2].get();
+  // Ranks 0 and 1 both wait 3 s. Gloo closes the pairs of a wait that timed out, so
+  // when one rank's deadline comes well before the other's (a loaded machine: this
+  // stop's CI run), the other sees its connection closed instead. So at least one
+  // names the missing rank, and each other one reports the closed connection.
+  int named = 0;
   for (const auto& m : {m0, m1}) {
-    EXPECT_NE(m.find("timed out after 3.0 s in all_reduce #2"), std::string::npos) << m;
-    EXPECT_NE(m.find("rank 2 (alive, but still at barrier #1)"), std::string::npos) << m;
+    if (m.find("timed out after 3.0 s in all_reduce #2") != std::string::npos) {
+      EXPECT_NE(m.find("rank 2 (alive, but still at barrier #1)"), std::string::npos) << m;
+      ++named;
+    } else {
+      EXPECT_NE(m.find("a peer closed its connection"), std::string::npos) << m;
+    }
   }
+  EXPECT_GE(named, 1) << m0 << "\n" << m1;
 }
 
 // Rank 0 waits in a broadcast while rank 1 waits in an all_reduce, both their
