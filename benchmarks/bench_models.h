@@ -7,6 +7,9 @@
 //   cnn   conv 1->16, pool, conv 16->32, pool, linear -> 10 on 28x28, batch 32
 //   deep  24 x (Linear 256x256, LayerNorm, ReLU), linear -> 10, batch 16: 98 tensors,
 //         6.1 MiB of gradients, 1 MiB buckets (6 of them, on both sides)
+//   wide  6 x (Linear 2048x2048, ReLU), linear -> 10, batch 512: 96 MiB of gradients
+//         in 25 MiB buckets, enough to keep a GPU busy (scripts/gpu-check); not in
+//         "all", which stays the CPU's three
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -34,14 +37,18 @@ inline const std::vector<ModelSpec>& model_specs() {
 }
 
 inline const ModelSpec& model_spec(const std::string& name) {
+  static const ModelSpec wide{"wide", {2048}, 512, 20, 25};
+  if (name == wide.name) return wide;
   for (const auto& spec : model_specs())
     if (spec.name == name) return spec;
-  throw std::invalid_argument("unknown model '" + name + "' (mlp, cnn or deep)");
+  throw std::invalid_argument("unknown model '" + name + "' (mlp, cnn, deep or wide)");
 }
 
 constexpr std::int64_t kClasses = 10;
 constexpr int kDeepBlocks = 24;
 constexpr std::int64_t kDeepWidth = 256;
+constexpr int kWideLayers = 6;
+constexpr std::int64_t kWideWidth = 2048;
 
 inline torch::nn::Sequential make_model(const std::string& name) {
   namespace nn = torch::nn;
@@ -62,7 +69,16 @@ inline torch::nn::Sequential make_model(const std::string& name) {
     model->push_back(nn::Linear(kDeepWidth, kClasses));
     return model;
   }
-  throw std::invalid_argument("unknown model '" + name + "' (mlp, cnn or deep)");
+  if (name == "wide") {
+    nn::Sequential model;
+    for (int i = 0; i < kWideLayers; ++i) {
+      model->push_back(nn::Linear(kWideWidth, kWideWidth));
+      model->push_back(nn::ReLU());
+    }
+    model->push_back(nn::Linear(kWideWidth, kClasses));
+    return model;
+  }
+  throw std::invalid_argument("unknown model '" + name + "' (mlp, cnn, deep or wide)");
 }
 
 // One synthetic batch, made once per rank (seeded by rank) and reused every step.

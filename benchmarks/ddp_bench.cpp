@@ -2,11 +2,12 @@
 // process per rank under `cohort run`. compare_ddp.sh runs it beside ddp_peer.py
 // (PyTorch's own DDP) with the same models (bench_models.h) and the same protocol:
 //
-//   ddp_bench throughput [--model mlp|cnn|deep|all] [--mode local|ddp|ddp-view] [--steps K] [--reps R]
-//                        [--warmup W]
+//   ddp_bench throughput [--model mlp|cnn|deep|wide|all] [--mode local|ddp|ddp-view] [--steps K] [--reps R]
+//                        [--warmup W] [--device cpu|cuda]
 //       W warm-up steps, then R repetitions of K steps with a barrier before each;
 //       the result is the median over repetitions of steps per second (and of the
-//       process's CPU time per step).
+//       process's CPU time per step). On cuda (the rank's GPU, world.device()) each
+//       repetition ends when the GPU has finished its steps.
 //   ddp_bench overlap [--model deep] [--steps N] [--warmup W]
 //       With record_timings(true): per bucket, when it became ready, was launched and
 //       was done, relative to the end of backward (medians over N steps).
@@ -55,6 +56,7 @@ struct Args {
   int reps = 7;
   int warmup = 10;
   std::int64_t batch = 0;    // overlap: 0 keeps the model's own batch size
+  std::string device = "cpu";  // throughput: cpu, or cuda (the world's device)
 };
 
 // A model, its optimizer and its batch, with or without DDP around the model.
@@ -75,9 +77,11 @@ struct Trainer {
   }
 };
 
-Trainer make_trainer(const ModelSpec& spec, const std::string& mode, World& world, bool record_timings = false) {
+Trainer make_trainer(const ModelSpec& spec, const std::string& mode, World& world, bool record_timings = false,
+                     c10::Device device = c10::kCPU) {
   Trainer t;
   t.model = cohort::bench::make_model(spec.name);
+  t.model->to(device);
   if (mode != "local")
     t.ddp = std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
         t.model, world.group(),
@@ -87,6 +91,8 @@ Trainer make_trainer(const ModelSpec& spec, const std::string& mode, World& worl
             .record_timings(record_timings));
   t.optimizer = std::make_unique<torch::optim::SGD>(t.model->parameters(), torch::optim::SGDOptions(0.01));
   t.batch = cohort::bench::make_batch(spec, world.rank());
+  t.batch.input = t.batch.input.to(device);
+  t.batch.target = t.batch.target.to(device);
   return t;
 }
 
@@ -115,16 +121,26 @@ std::vector<ModelSpec> selected(const std::string& model) {
 }
 
 int throughput(const Args& a, World& world) {
+  const c10::Device device = a.device == "cuda" ? world.device() : c10::Device(c10::kCPU);
+  if (a.device == "cuda" && !device.is_cuda())
+    throw std::invalid_argument("--device cuda needs a GPU per local rank (the world's device is " + device.str() +
+                                ")");
+  // Work queued on the GPU counts in the step that queued it.
+  auto finish = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
   for (const auto& spec : selected(a.model)) {
-    auto trainer = make_trainer(spec, a.mode, world);
+    auto trainer = make_trainer(spec, a.mode, world, false, device);
     const int steps = a.steps > 0 ? a.steps : spec.steps;
     for (int i = 0; i < a.warmup; ++i) trainer.step();
+    finish();
     std::vector<double> rates, cpu_ms;
     for (int r = 0; r < a.reps; ++r) {
       world.group().barrier();
       auto start = std::chrono::steady_clock::now();
       const double cpu_start = process_cpu_s();
       for (int i = 0; i < steps; ++i) trainer.step();
+      finish();
       std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
       rates.push_back(steps / took.count());
       cpu_ms.push_back((process_cpu_s() - cpu_start) * 1e3 / steps);
@@ -133,6 +149,7 @@ int throughput(const Args& a, World& world) {
     Json line = {{"impl", a.mode == "local" ? "local" : "cohort-" + a.mode},
                  {"model", spec.name},
                  {"world", world.size()},
+                 {"device", device.str()},
                  {"batch", spec.batch},
                  {"steps", steps},
                  {"reps", a.reps},
@@ -270,7 +287,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Args a;
   auto common = [&a](CLI::App* sub) {
-    sub->add_option("--model", a.model, "mlp, cnn, deep, or all (throughput only)")
+    sub->add_option("--model", a.model, "mlp, cnn, deep, wide, or all (throughput only; all is the first three)")
         ->check(CLI::IsMember({"mlp", "cnn", "deep", "all"}));
     sub->add_option("--steps", a.steps, "steps per repetition (throughput, 0: the model's default) or measured");
     sub->add_option("--warmup", a.warmup, "steps before measuring");
@@ -279,6 +296,8 @@ int main(int argc, char** argv) {
   common(tput);
   tput->add_option("--mode", a.mode)->check(CLI::IsMember({"local", "ddp", "ddp-view"}));
   tput->add_option("--reps", a.reps, "repetitions")->check(CLI::PositiveNumber);
+  tput->add_option("--device", a.device, "cpu, or cuda: the rank's GPU (needs NCCL's one GPU per local rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   auto* ovh = app.add_subcommand("overhead", "DDP against local training in one process, alternating");
   common(ovh);
   ovh->add_option("--reps", a.reps, "pairs of repetitions")->check(CLI::PositiveNumber);

@@ -4,7 +4,10 @@ by `cohort run` as torchrun would start it. Rank 0 prints one JSON line with the
 training rate (evaluation excluded), as the C++ trainer does.
 
   trainer_peer.py [--epochs 1] [--batch-size 32] [--lr 2e-3] [--limit-train-batches N] [--data-dir D]
-                  [--memory-format channels-last|contiguous] [--evaluate]
+                  [--memory-format channels-last|contiguous] [--evaluate] [--device cpu|cuda]
+
+With --device cuda, each rank trains on its local GPU over NCCL, with its batches
+copied there each step from the images held on the CPU, as the C++ trainer does.
 
 With --evaluate, every epoch ends with a distributed evaluation on the test set and
 rank 0 prints "epoch E/N: test accuracy A, ..., S s since start" as the C++ trainer does.
@@ -35,7 +38,7 @@ def evaluate(model, x, y, rank, world, fmt):
         for first in range(begin, end, 1000):
             last = min(first + 1000, end)
             correct += int((model(x[first:last].contiguous(memory_format=fmt)).argmax(1) == y[first:last]).sum())
-    counts = torch.tensor([correct, end - begin], dtype=torch.float64)
+    counts = torch.tensor([correct, end - begin], dtype=torch.float64, device=y.device)
     dist.all_reduce(counts)
     return float(counts[0] / counts[1])
 
@@ -50,19 +53,25 @@ def main():
     p.add_argument("--memory-format", default="channels-last", choices=["channels-last", "contiguous"])
     p.add_argument("--evaluate", action="store_true")
     p.add_argument("--amp", default="off", choices=["bf16", "off"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = p.parse_args()
     fmt = torch.channels_last if a.memory_format == "channels-last" else torch.contiguous_format
     started = time.perf_counter()
-    dist.init_process_group("gloo")
+    device = "cpu"
+    if a.device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     images = torch.from_numpy(read_idx(f"{a.data_dir}/train-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28).copy())
     labels = torch.from_numpy(read_idx(f"{a.data_dir}/train-labels-idx1-ubyte.gz", 8).astype(np.int64))
     torch.manual_seed(0)
-    model = DistributedDataParallel(FashionNet().to(memory_format=fmt))
+    model = DistributedDataParallel(FashionNet().to(device, memory_format=fmt))
     if a.evaluate:
         test_x = normalise(torch.from_numpy(
             read_idx(f"{a.data_dir}/t10k-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28).copy()))
         test_y = torch.from_numpy(read_idx(f"{a.data_dir}/t10k-labels-idx1-ubyte.gz", 8).astype(np.int64))
+        test_x, test_y = test_x.to(device), test_y.to(device)
     opt = torch.optim.Adam(model.parameters(), a.lr)
     sampler = DistributedSampler(range(len(labels)), num_replicas=world, rank=rank, seed=0)
     steps_per_epoch = math.ceil(len(sampler) / a.batch_size)
@@ -75,12 +84,12 @@ def main():
         mark = time.perf_counter()
         for i in range(steps_per_epoch):
             idx = torch.tensor(order[i * a.batch_size:(i + 1) * a.batch_size])
-            x = normalise(images.index_select(0, idx)).contiguous(memory_format=fmt)
+            x = normalise(images.index_select(0, idx)).contiguous(memory_format=fmt).to(device)
             for g in opt.param_groups:
                 g["lr"] = a.lr * 0.5 * (1 + math.cos(math.pi * step / total))
             opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp == "bf16"):
-                loss = F.cross_entropy(model(x), labels.index_select(0, idx))
+            with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.amp == "bf16"):
+                loss = F.cross_entropy(model(x), labels.index_select(0, idx).to(device))
             loss.backward()
             opt.step()
             loss.item()  # the C++ trainer reads the loss every step too

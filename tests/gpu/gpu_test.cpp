@@ -37,26 +37,55 @@ TEST(Gpu, DataParallelOverEveryGpuEqualsOneModule) {
     EXPECT_LT((model->parameters()[i].grad() - reference->parameters()[i].grad()).abs().max().item<double>(), 1e-12);
 }
 
-TEST(Gpu, Fp16AutocastWithTheScalerUnscalesExactly) {
+// Under fp16 autocast the backward runs in half precision, whose largest value is
+// 65504: at the default scale of 2^16 a loss gradient above 1 overflows.
+// The scaler must then skip the step (weights untouched) and halve the scale; at a
+// scale the gradients fit in, unscaling is exact (dividing by a power of two) and
+// the step is taken. The first run on an H100 (docs/gpu_results.md) overflowed at
+// 2^16, as the trainer's first fp16 step does.
+TEST(Gpu, Fp16AutocastWithTheScalerSkipsAnOverflowAndUnscalesExactly) {
   ASSERT_GT(gpus(), 0) << "a gpu test started without a GPU";
   auto model = make_model();
   model->eval();
   model->to(torch::kCUDA);
-  auto x = torch::randn({8, 6}, torch::kCUDA);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
-  cohort::amp::GradScaler scaler;
-  {
+  auto x = torch::randn({8, 6}).to(torch::kCUDA);
+  auto scaled_backward = [&](cohort::amp::GradScaler& scaler, double loss_factor) {
+    opt.zero_grad();
     cohort::amp::Autocast autocast{cohort::amp::AutocastOptions(c10::DeviceType::CUDA)};
-    scaler.scale(model->forward(x).to(torch::kFloat).pow(2).sum()).backward();
-  }
+    auto out = model->forward(x);
+    EXPECT_EQ(out.scalar_type(), torch::kHalf) << "the linear layers did not run in fp16 under autocast";
+    scaler.scale(loss_factor * out.to(torch::kFloat).pow(2).sum()).backward();
+  };
+  std::vector<torch::Tensor> before;
+  for (auto& p : model->parameters()) before.push_back(p.detach().clone());
+
+  // The loss times 10^4: its gradient, 2 * 10^4 * out * 2^16, overflows fp16 on its
+  // way into the half-precision backward.
+  cohort::amp::GradScaler overflowing;
+  scaled_backward(overflowing, 1e4);
+  EXPECT_FALSE(overflowing.step(opt)) << "the step was taken with non-finite gradients";
+  overflowing.update();
+  EXPECT_EQ(overflowing.get_scale(), 32768.0);
+  for (std::size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(torch::equal(model->parameters()[i], before[i])) << "a skipped step changed parameter " << i;
+
+  cohort::amp::GradScaler scaler(cohort::amp::GradScalerOptions().init_scale(16.0));
+  scaled_backward(scaler, 1.0);
   std::vector<torch::Tensor> scaled;
-  for (auto& p : model->parameters()) scaled.push_back(p.grad().clone());
+  for (auto& p : model->parameters()) {
+    ASSERT_TRUE(p.grad().isfinite().all().item<bool>()) << "a gradient overflowed at scale 16";
+    scaled.push_back(p.grad().clone());
+  }
   scaler.unscale_(opt);
-  // Dividing by a power of two is exact in float32.
   for (std::size_t i = 0; i < scaled.size(); ++i)
-    EXPECT_TRUE(torch::equal(model->parameters()[i].grad(), scaled[i] / scaler.get_scale()));
+    EXPECT_TRUE(torch::equal(model->parameters()[i].grad(), scaled[i] / 16.0)) << "parameter " << i;
   EXPECT_TRUE(scaler.step(opt));
   scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 16.0);
+  bool moved = false;
+  for (std::size_t i = 0; i < before.size(); ++i) moved = moved || !torch::equal(model->parameters()[i], before[i]);
+  EXPECT_TRUE(moved) << "the step was reported taken but no parameter changed";
 }
 
 TEST(Gpu, RecomputationRestoresTheCudaGenerator) {

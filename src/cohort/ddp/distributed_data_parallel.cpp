@@ -81,7 +81,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
             "CUDA tensors. Move the model first: model->to(world.device())",
             group_.rank(), names[i], params[i].device().str()));
 
-  if (options_.check_replicas() && group_.size() > 1) verify_replicas(group_, describe_parameters(*module_));
+  if (options_.check_replicas() && group_.size() > 1)
+    verify_replicas(group_, describe_parameters(*module_), ReplicaCheckWording(),
+                    params.empty() ? c10::Device(c10::kCPU) : params.front().device());
   buffers_ = unique_tensors(module_->buffers(/*recurse=*/true));
   if (group_.size() > 1) {
     std::vector<at::Tensor> state = unique_tensors(module_->parameters(/*recurse=*/true));

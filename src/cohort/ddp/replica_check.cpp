@@ -64,11 +64,24 @@ std::vector<ParamDescription> describe_parameters(const torch::nn::Module& modul
   return out;
 }
 
+// Note [The replica check's device]
+// The check's tensors are made on the CPU, but NCCL moves only CUDA tensors, and
+// each rank's on its own GPU: so they travel on the device of the parameters the
+// caller checks. A caller over NCCL that has no CUDA parameter to name (none at all)
+// gets the current CUDA device. Before this, every ShardedOptimizer and fully_shard
+// over NCCL, even at world 1, refused to be built (the first run on a GPU).
 void verify_replicas(comm::Group& group, const std::vector<ParamDescription>& params,
-                     const ReplicaCheckWording& wording) {
+                     const ReplicaCheckWording& wording, c10::Device device) {
+  if (group.backend_name() == "nccl" && !device.is_cuda()) device = c10::Device(c10::kCUDA);
+  if (group.backend_name() != "nccl") device = c10::kCPU;
+  auto gather = [&](const at::Tensor& t) {
+    auto parts = group.all_gather(t.to(device));
+    for (auto& p : parts) p = p.cpu();
+    return parts;
+  };
   const auto text = serialize(params);
   auto summary = torch::tensor({static_cast<std::int64_t>(params.size()), digest(text)}, torch::kInt64);
-  auto summaries = group.all_gather(summary);
+  auto summaries = gather(summary);
   bool same = true;
   for (const auto& s : summaries) same = same && torch::equal(s, summaries[0]);
   if (same) return;
@@ -76,10 +89,10 @@ void verify_replicas(comm::Group& group, const std::vector<ParamDescription>& pa
   // Every rank saw the same summaries, so every rank takes this path.
   auto length = torch::tensor({static_cast<std::int64_t>(text.size())}, torch::kInt64);
   std::int64_t longest = 0;
-  for (const auto& l : group.all_gather(length)) longest = std::max(longest, l.item<std::int64_t>());
+  for (const auto& l : gather(length)) longest = std::max(longest, l.item<std::int64_t>());
   auto padded = torch::zeros({longest}, torch::kUInt8);
   std::memcpy(padded.data_ptr(), text.data(), text.size());
-  auto texts = group.all_gather(padded);
+  auto texts = gather(padded);
   auto base = lines_of(unpad(texts[0]));
   std::vector<int> differing;
   std::string first;

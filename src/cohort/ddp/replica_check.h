@@ -39,7 +39,9 @@ struct ReplicaCheckWording {
 
 // Throws cohort::ConfigError on every rank when the ranks' descriptions differ,
 // naming the first differing parameter and the ranks that differ from rank 0.
+// `device`: where the check's collectives run, the parameters' device (over NCCL,
+// this rank's GPU; Note [The replica check's device]).
 void verify_replicas(comm::Group& group, const std::vector<ParamDescription>& params,
-                     const ReplicaCheckWording& wording = ReplicaCheckWording());
+                     const ReplicaCheckWording& wording = ReplicaCheckWording(), c10::Device device = c10::kCPU);
 
 }  // namespace cohort::ddp

@@ -129,7 +129,8 @@ FullyShardedModel fully_shard(const std::shared_ptr<ShardedUnitBase>& root, comm
     ddp::verify_replicas(group, described,
                          {"cohort fully_shard", "the model or the options",
                           "build the same model, with the same FullyShard units, and pass the same "
-                          "FullyShardOptions on every rank"});
+                          "FullyShardOptions on every rank"},
+                         tensors.empty() ? at::Device(at::kCPU) : tensors.front().device());
   }
   for (std::size_t u = 0; u < found.units.size(); ++u)
     if (found.units[u]->attached())

@@ -114,7 +114,8 @@ ShardedOptimizer::ShardedOptimizer(Probe probe, comm::Group group, OptimizerFact
                          {"cohort ShardedOptimizer", "what each rank passed (its parameters, options or optimizer "
                           "settings)",
                           "pass the same model's parameters, the same optimizer settings and the same "
-                          "ShardedOptimizerOptions on every rank"});
+                          "ShardedOptimizerOptions on every rank"},
+                         all.empty() ? at::Device(at::kCPU) : all.front().device());
   if (!probe.problem.empty()) throw ConfigError("cohort ShardedOptimizer: " + probe.problem);
   if (options_.bucket_cap_bytes() < 1)
     throw ConfigError(fmt::format("cohort ShardedOptimizer: bucket_cap_bytes must be at least 1, got {}",

@@ -25,6 +25,7 @@ WorkerArgs parse_worker_args(int argc, char** argv) {
     else if (flag == "--view") a.view = true;
     else if (flag == "--find-unused") a.find_unused = true;
     else if (flag == "--static") a.static_graph = true;
+    else if (flag == "--device") a.device = value();
     else if (flag == "--divide-by-active") a.divide_by_initial_world_size = false;
     else throw std::invalid_argument("unknown flag " + flag);
   }
@@ -66,7 +67,7 @@ namespace {
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.defined() != b.defined()) return std::numeric_limits<double>::infinity();
   if (!a.defined()) return 0;
-  return (a - b).abs().max().item<double>();
+  return (a.cpu() - b.cpu()).abs().max().item<double>();
 }
 }  // namespace
 
