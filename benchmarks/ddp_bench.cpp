@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
   Args a;
   auto common = [&a](CLI::App* sub) {
     sub->add_option("--model", a.model, "mlp, cnn, deep, wide, or all (throughput only; all is the first three)")
-        ->check(CLI::IsMember({"mlp", "cnn", "deep", "all"}));
+        ->check(CLI::IsMember({"mlp", "cnn", "deep", "wide", "all"}));
     sub->add_option("--steps", a.steps, "steps per repetition (throughput, 0: the model's default) or measured");
     sub->add_option("--warmup", a.warmup, "steps before measuring");
   };

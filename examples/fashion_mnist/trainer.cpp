@@ -87,7 +87,12 @@ void make_deterministic() {
 
 int train(const TrainerOptions& o) {
   const auto started = Clock::now();
-  auto world = cohort::comm::World::init(cohort::trace::traced());
+  // Note [--device cpu on a GPU machine]: the backend "auto" picks NCCL when every
+  // local rank has a GPU, and NCCL moves only CUDA tensors; a model kept on the CPU
+  // needs Gloo (found on the first GPU run: DDP refused the CPU model over NCCL).
+  auto init = cohort::trace::traced();
+  if (o.device == "cpu" && init.backend() == "auto") init.backend("gloo");
+  auto world = cohort::comm::World::init(init);
   const bool lead = world.rank() == 0;
   if (o.deterministic) make_deterministic();
   const c10::Device device = choose_device(o, world);
