@@ -21,6 +21,15 @@ foreach(_cohort_dir IN LISTS CMAKE_PREFIX_PATH _cohort_env_prefix Torch_DIR)
 endforeach()
 find_package(Torch REQUIRED)
 set(CMAKE_LIBRARY_PATH "${_cohort_library_path}")
+# Note [The wheel's nvidia libraries at link time]: pip's libtorch_cuda.so finds its
+# NCCL and the other nvidia-* libraries through its RUNPATH
+# ($ORIGIN/../../nvidia/<name>/lib), which GNU ld does not follow when it resolves a
+# shared library's own dependencies: it took the CUDA toolkit's older libnccl.so.2
+# and missed 2.15's newer NCCL symbols. -rpath-link names those folders for the link.
+file(GLOB _cohort_nvidia_libs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
+foreach(_cohort_dir IN LISTS _cohort_nvidia_libs)
+  add_link_options("LINKER:-rpath-link,${_cohort_dir}")
+endforeach()
 # Refuse a mix (a cache made before this note, say): a library LibTorch's own lib/
 # has but that was found elsewhere.
 foreach(_cohort_lib IN LISTS TORCH_LIBRARY c10_LIBRARY)

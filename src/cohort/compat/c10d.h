@@ -15,7 +15,7 @@
 //    overrides them where COHORT_C10D_STORE_HAS_EXTENDED_API is 1.
 // Nothing outside compat/ may test TORCH_VERSION_*; autocast.h holds the autocast API,
 // optimizer.h the key of torch::optim state,
-// allocator.h the c10::Allocator interface.
+// allocator.h the c10::Allocator interface, autograd.h autograd's node pointers.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>

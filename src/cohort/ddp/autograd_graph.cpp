@@ -20,7 +20,7 @@ bool is_custom_function(const torch::autograd::Node& node) {
 }  // namespace
 
 Reachability reachable_accumulators(const std::vector<at::Tensor>& outputs,
-                                    const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators) {
+                                    const std::vector<compat::NodePtr>& accumulators) {
   using torch::autograd::Node;
   std::unordered_map<const Node*, std::size_t> index;
   for (std::size_t i = 0; i < accumulators.size(); ++i) index.emplace(accumulators[i].get(), i);

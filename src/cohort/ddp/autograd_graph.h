@@ -20,6 +20,8 @@
 #include <memory>
 #include <vector>
 
+#include "cohort/compat/autograd.h"
+
 namespace cohort::ddp {
 
 struct Reachability {
@@ -31,6 +33,6 @@ struct Reachability {
 
 // The walk visits each autograd node once.
 Reachability reachable_accumulators(const std::vector<at::Tensor>& outputs,
-                                    const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators);
+                                    const std::vector<compat::NodePtr>& accumulators);
 
 }  // namespace cohort::ddp

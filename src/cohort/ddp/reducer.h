@@ -56,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/compat/autograd.h"
 #include "cohort/comm/group.h"
 #include "cohort/ddp/bucket_plan.h"
 #include "cohort/ddp/comm_hook.h"
@@ -152,7 +153,7 @@ class Reducer {
   std::shared_ptr<CommHook> hook_;
   bool identity_ = false;  // Note [A group of one]
   StepStatus status_;      // Note [A step that failed]
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
 
   BucketPlan plan_;

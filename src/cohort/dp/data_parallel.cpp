@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "cohort/compat/autograd.h"
 #include "cohort/amp/autocast_state.h"
 #include "cohort/errors.h"
 
@@ -192,7 +193,7 @@ void DataParallelBase::link_gradients() {
         copy.requires_grad_(false);
         continue;
       }
-      auto node = std::make_shared<ToModuleParameter>(original.device());
+      auto node = compat::make_node<ToModuleParameter>(original.device());
       node->set_next_edges(torch::autograd::collect_next_edges(original));
       torch::autograd::set_history(copy, node);
     }

@@ -46,7 +46,7 @@ std::string endpoint_text(const std::string& hex, bool v6) {
   } else {
     return hex;
   }
-  return fmt::format(v6 ? "[{}]:{}" : "{}:{}", text, port);
+  return v6 ? fmt::format("[{}]:{}", text, port) : fmt::format("{}:{}", text, port);
 }
 
 void list_from(const char* table, bool v6, int port, std::string& out) {

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/compat/autograd.h"
 #include "cohort/comm/group.h"
 
 namespace torch::autograd {
@@ -76,7 +77,7 @@ class FlatParameter {
   std::int64_t chunk_numel() const { return chunk_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // params()[i]'s AccumulateGrad node (trainable flats only).
-  const std::shared_ptr<torch::autograd::Node>& accumulator(std::size_t i) const { return accumulators_.at(i); }
+  const compat::NodePtr& accumulator(std::size_t i) const { return accumulators_.at(i); }
 
   // For compute: starts the all-gather (no-op when gathered and fresh, or in
   // flight); finish_gather() waits for it and binds the parameters.
@@ -131,7 +132,7 @@ class FlatParameter {
   std::int64_t epoch_ = 0;               // bumped by invalidate()
   std::int64_t gathered_epoch_ = -1;     // epoch_ when full_ was filled
   at::Tensor state_full_;   // gather_state()'s buffer, in the shard's dtype
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;
 };
 
 }  // namespace cohort::zero

@@ -51,6 +51,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cohort/compat/autograd.h"
 #include "cohort/comm/group.h"
 #include "cohort/ddp/bucket_plan.h"
 
@@ -123,7 +124,7 @@ class GradientSharder {
   std::vector<std::vector<OwnerSlice>> layout_;  // per bucket, owners ascending
   std::vector<std::pair<std::size_t, std::size_t>> place_;  // per parameter: its slice and position there
   at::Tensor inverse_world_;            // 1 / world size, a 0-dim double tensor (as DDP's)
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;
   std::vector<const void*> hook_keys_;
 
   mutable std::mutex mutex_;

@@ -74,6 +74,7 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/compat/autograd.h"
 #include "cohort/comm/group.h"
 #include "cohort/zero/flat_parameter.h"
 #include "cohort/zero/fully_shard_options.h"
@@ -186,7 +187,7 @@ class ShardSchedule : public std::enable_shared_from_this<ShardSchedule> {
   std::vector<Place> whole_order_;
   std::vector<Gradients> grads_;        // per flat
   at::Tensor inverse_world_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;
   std::vector<const void*> hook_keys_;
 
   mutable std::recursive_mutex mutex_;
