@@ -10,6 +10,7 @@
 #include "cohort/tensor_parallel/attention.h"
 #include "cohort/tensor_parallel/dropout.h"
 #include "support/thread_world.h"
+#include "tensor_parallel/twins.h"
 
 namespace {
 
@@ -18,32 +19,15 @@ using namespace cohort::tensor_parallel;
 
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-// The one-process twin: query, key, value, proj, causal softmax attention, no dropout.
-struct Twin {
-  torch::nn::Linear q{8, 8}, k{8, 8}, v{8, 8}, proj{8, 8};
-  static constexpr int kHeads = 4;
-  Twin() {
-    for (auto* l : {&q, &k, &v, &proj}) (*l)->to(torch::kDouble);
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    const std::int64_t b = x.size(0), s = x.size(1), hd = 8 / kHeads;
-    auto heads = [&](const torch::Tensor& t) { return t.view({b, s, kHeads, hd}).transpose(1, 2); };
-    auto scores = torch::matmul(heads(q(x)), heads(k(x)).transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    scores = scores.masked_fill(torch::ones({s, s}, torch::kBool).triu(1), -INFINITY);
-    auto out = torch::matmul(torch::softmax(scores, -1), heads(v(x))).transpose(1, 2).reshape({b, s, 8});
-    return proj(out);
-  }
-};
-
 TEST(TensorParallelAttention, HeadsSplitOverTwoRanksEqualTheWholeAttention) {
   torch::manual_seed(21);
-  Twin twin;
+  cohort::testing::TwinAttention twin(8, 4);
   auto x = torch::randn({2, 6, 8}, torch::kDouble).requires_grad_();
   auto y = twin.forward(x);
   y.pow(2).sum().backward();
   for (const bool sp : {false, true}) {
     cohort::testing::run_thread_world(2, [&](World& w) {
-      ParallelSelfAttention attn(w.group(), ParallelSelfAttentionOptions(8, Twin::kHeads).sequence_parallel(sp));
+      ParallelSelfAttention attn(w.group(), ParallelSelfAttentionOptions(8, twin.heads).sequence_parallel(sp));
       attn->to(torch::kDouble);
       attn->load_whole(twin.q, twin.k, twin.v, twin.proj);
       const auto r = w.rank();
