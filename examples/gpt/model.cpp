@@ -1,0 +1,86 @@
+#include "model.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+
+#include "cohort/errors.h"
+#include "cohort/tensor_parallel/cross_entropy.h"
+#include "cohort/tensor_parallel/dropout.h"
+#include "cohort/tensor_parallel/linear.h"
+
+namespace gpt {
+
+namespace tp = cohort::tensor_parallel;
+
+GptImpl::GptImpl(cohort::comm::Group tp_group, GptOptions options_) : options(std::move(options_)), tp_(std::move(tp_group)) {
+  const auto t = tp_.size();
+  if (options.context() % t != 0 && options.sequence_parallel())
+    throw cohort::ConfigError(fmt::format("gpt: sequence parallelism shards the context ({} tokens) over the {} TP "
+                                          "ranks, which needs a multiple of {}; change --context or --tp",
+                                          options.context(), t, t));
+  const auto h = options.embed_dim();
+  const bool sp = options.sequence_parallel();
+  // Note [Whole, then sliced]: every table is drawn whole on every rank, so any TP
+  // size starts from the one-process weights. GPT-2's N(0, 0.02) for both embeddings
+  // (the default N(0, 1) would make the tied logits huge).
+  embed = register_module("embed", tp::VocabParallelEmbedding(tp_, tp::VocabParallelEmbeddingOptions(options.vocab_size(), h)
+                                                                        .sequence_parallel(sp)));
+  embed->load_whole(torch::nn::Embedding::from_pretrained(torch::randn({options.vocab_size(), h}) * 0.02));
+  position = register_module("position", torch::nn::Embedding(options.context(), h));
+  {
+    torch::NoGradGuard no_grad;
+    position->weight.normal_(0.0, 0.02);
+  }
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (std::int64_t i = 0; i < options.layers(); ++i)
+    blocks->push_back(tp::ParallelTransformerBlock(
+        tp_, tp::ParallelTransformerBlockOptions(h, options.num_heads()).dropout(options.dropout()).sequence_parallel(sp)));
+  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h})));
+}
+
+at::Tensor GptImpl::embed_tokens(const at::Tensor& ids) {
+  const auto s = ids.size(1);
+  if (s > options.context())
+    throw cohort::ConfigError(fmt::format("gpt: a sequence of {} tokens is longer than the model's context of {}; cut "
+                                          "it, or build the model with GptOptions::context({})",
+                                          s, options.context(), s));
+  auto x = embed(ids);  // [B, S, H], or [B, S/T, H] under sequence parallelism
+  auto pos = position->weight.slice(0, 0, s);
+  if (options.sequence_parallel()) {
+    const auto shard = s / tp_.size();
+    pos = pos.slice(0, tp_.rank() * shard, (tp_.rank() + 1) * shard);
+    return tp::sharded_dropout(x + pos, options.dropout(), is_training(), tp_, tp::kSequenceDim);
+  }
+  return torch::dropout(x + pos, options.dropout(), is_training());
+}
+
+at::Tensor GptImpl::head(const at::Tensor& hidden) { return embed->logits(norm(hidden)); }
+
+at::Tensor GptImpl::forward(const at::Tensor& ids) {
+  auto x = embed_tokens(ids);
+  for (const auto& block : *blocks) x = block->as<tp::ParallelTransformerBlock>()->forward(x);
+  return head(x);
+}
+
+at::Tensor GptImpl::loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return tp::vocab_parallel_cross_entropy(logits, targets, tp_);
+}
+
+std::int64_t GptImpl::whole_parameter_count() const {
+  const auto h = options.embed_dim(), v = options.vocab_size(), hidden = 4 * h;
+  const auto block = 2 * 2 * h + 4 * (h * h + h) + (h * hidden + hidden) + (hidden * h + h);
+  return v * h + options.context() * h + options.layers() * block + 2 * h;
+}
+
+double GptImpl::training_flops(std::int64_t tokens, std::int64_t sequence) const {
+  const double h = options.embed_dim(), v = options.vocab_size(), l = options.layers();
+  // Per token, forward: 2 x (the matmuls' weights: 12 h^2 per layer, v h for the
+  // logits) + attention's scores and weighted sum, 2 x 2 x s x h per layer.
+  const double per_token = 2.0 * (12.0 * h * h * l + v * h) + 4.0 * sequence * h * l;
+  return 3.0 * per_token * static_cast<double>(tokens);
+}
+
+}  // namespace gpt
