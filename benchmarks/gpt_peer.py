@@ -1,0 +1,211 @@
+"""The peer of examples/gpt: the same decoder-only transformer, initial weights, batches,
+optimizer and schedule, trained with PyTorch's own tensor parallelism
+(torch.distributed.tensor.parallel) or DistributedDataParallel, started by `cohort run`
+as torchrun would start it (it reads RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+
+  cohort run --nproc-per-node 2 python3 gpt_peer.py --data DIR --initial INIT.pt --tp 2 ...
+
+DIR is what `gpt --dump-data DIR` writes (train.bin, val.bin: int32 token ids, and
+meta.json), INIT.pt what `gpt --save-initial INIT.pt` writes: the whole model's
+weights by name, before the first step. The batch rule is examples/gpt's
+(Note [The batch rule] there, docs/gpt.md): step s, global sample j starts at
+((s * B + j) * 1000003) mod (N - context - 1), and data-parallel replica d takes
+samples [d B / D, (d + 1) B / D).
+
+The vocabulary-parallel embedding and the tied output layer are PyTorch's usual
+pieces: RowwiseParallel shards the embedding's rows, the output multiplies by the
+same sharded table as a DTensor, and the loss runs under loss_parallel(), so the
+whole logits are never gathered, as in cohort.
+
+Rank 0 prints "step N loss X" per step with --log-losses, and one JSON line at the
+end: tokens per second over the timed steps (after --warmup-steps), median step time.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, h, heads):
+        super().__init__()
+        self.heads, self.head_dim = heads, h // heads
+        self.query, self.key, self.value, self.proj = (nn.Linear(h, h) for _ in range(4))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+
+        def split(t):  # local heads under TP: the column layers' output is this rank's heads
+            return t.view(b, s, -1, self.head_dim).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        future = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
+        return self.proj((probs @ v).transpose(1, 2).reshape(b, s, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, h, heads):
+        super().__init__()
+        self.ln1, self.attention, self.ln2 = nn.LayerNorm(h), Attention(h, heads), nn.LayerNorm(h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x):
+        x = x + self.attention(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Gpt(nn.Module):
+    """examples/gpt/model.h's model, parameter for parameter (dropout 0)."""
+
+    def __init__(self, vocab, context, h, heads, layers):
+        super().__init__()
+        self.embed, self.position = nn.Embedding(vocab, h), nn.Embedding(context, h)
+        self.blocks = nn.ModuleList(Block(h, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(h)
+        self.tp_mesh = None
+
+    def forward(self, ids):
+        x = self.embed(ids) + self.position.weight[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        table = self.embed.weight
+        if self.tp_mesh is not None:
+            from torch.distributed.tensor import DTensor, Replicate
+
+            # A replicated hidden state times the row-sharded table gives logits sharded
+            # over the vocabulary; backward all-reduces the hidden state's gradient.
+            x = DTensor.from_local(x, self.tp_mesh, [Replicate()])
+        return F.linear(x, table)
+
+
+def parallelize(model, tp_mesh):
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {"embed": RowwiseParallel(input_layouts=Replicate())}
+    for i in range(len(model.blocks)):
+        for name in ("attention.query", "attention.key", "attention.value", "fc1"):
+            plan[f"blocks.{i}.{name}"] = ColwiseParallel()
+        for name in ("attention.proj", "fc2"):
+            plan[f"blocks.{i}.{name}"] = RowwiseParallel()
+    parallelize_module(model, tp_mesh, plan)
+    model.tp_mesh = tp_mesh
+    return model
+
+
+def learning_rate(step, args):
+    """examples/gpt's schedule: linear warm-up, then cosine to min_lr_ratio x lr."""
+    if args.warmup > 0 and step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
+    floor = args.lr * args.min_lr_ratio
+    return floor + (args.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def batch(tokens, step, args, dp_rank, dp_size):
+    """Note [The batch rule] of examples/gpt."""
+    n, s, b = len(tokens), args.context, args.batch_size
+    per = b // dp_size
+    rows = [((step * b + j) * 1000003) % (n - s - 1) for j in range(dp_rank * per, (dp_rank + 1) * per)]
+    window = np.stack([tokens[o : o + s + 1] for o in rows]).astype(np.int64)
+    w = torch.from_numpy(window)
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--initial", required=True)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup-steps", type=int, default=5, help="steps left out of the timing")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--embed-dim", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=0, help="learning-rate warm-up steps")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--log-losses", action="store_true")
+    args = p.parse_args()
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world % args.tp:
+        raise SystemExit(f"gpt_peer: --tp {args.tp} does not divide the world size {world}")
+    dp_size = world // args.tp
+
+    meta = json.load(open(os.path.join(args.data, "meta.json")))
+    tokens = np.fromfile(os.path.join(args.data, "train.bin"), dtype=np.int32)
+    model = Gpt(meta["vocab_size"], args.context, args.embed_dim, args.heads, args.layers)
+    state = torch.load(args.initial)
+    model.load_state_dict({k: v for k, v in state.items()}, strict=True)
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dp_size, args.tp), mesh_dim_names=("dp", "tp"))
+    if args.tp > 1:
+        if dp_size > 1:
+            raise SystemExit("gpt_peer: DP x TP is not wired in the peer; use --tp 1 (DDP) or --tp = world size")
+        model = parallelize(model, mesh["tp"])
+        net = model
+    elif dp_size > 1:
+        net = nn.parallel.DistributedDataParallel(model, process_group=mesh["dp"].get_group())
+    else:
+        net = model
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    dp_rank = mesh["dp"].get_local_rank()
+
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    times = []
+    for step in range(args.steps):
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, args)
+        x, y = batch(tokens, step, args, dp_rank, dp_size)
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        logits = net(x)
+        if args.tp > 1:
+            with loss_parallel():
+                loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+                loss.backward()
+            loss = loss.full_tensor()
+        else:
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            loss.backward()
+        opt.step()
+        elapsed = time.perf_counter() - start
+        if step >= args.warmup_steps:
+            times.append(elapsed)
+        value = float(loss.detach())
+        if dp_size > 1:
+            t = torch.tensor([value], dtype=torch.float64)
+            dist.all_reduce(t, group=mesh["dp"].get_group())
+            value = float(t) / dp_size
+        if rank == 0 and args.log_losses:
+            print(f"step {step + 1} loss {value:.6f}", flush=True)
+    median = statistics.median(times) if times else float("nan")
+    if rank == 0:
+        print(json.dumps({"peer": "pytorch", "torch": torch.__version__, "tp": args.tp, "dp": dp_size,
+                          "steps_timed": len(times), "median_step_s": median,
+                          "tokens_per_second": args.batch_size * args.context / median}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
