@@ -16,19 +16,19 @@ struct GptTrainerOptions {
   std::string amp = "none";     // none | bf16
   bool activation_checkpointing = false;
   // The model.
-  std::int64_t layers = 2;
+  std::int64_t layers = 4;
   std::int64_t embed_dim = 128;
   std::int64_t heads = 4;
   std::int64_t context = 64;
   double dropout = 0.0;
   // The run.
-  std::int64_t steps = 300;
-  std::int64_t batch_size = 16;  // global: over every data-parallel replica
+  std::int64_t steps = 600;
+  std::int64_t batch_size = 32;  // global: over every data-parallel replica
   double lr = 3e-3;              // the peak, after warmup
   std::int64_t warmup_steps = -1;  // -1: a tenth of --steps
   double weight_decay = 0.01;
   std::uint64_t seed = 0;
-  std::int64_t eval_every = 100;  // steps; 0: only at the end
+  std::int64_t eval_every = 150;  // steps; 0: only at the end
   std::int64_t eval_batches = 8;
   std::string device = "cpu";  // cpu | cuda | auto
   // Data.

@@ -91,10 +91,11 @@ void build(const Corpus& corpus, const TokenCacheOptions& o, const std::string& 
   write_lines(tmp / "val.txt", corpus.validation);
   const auto tool = tool_path(o);
   if (const int status = run_bounded({tool, tmp.string(), std::to_string(o.vocab_size)}, o.build_timeout_s);
-      status != 0)
-    throw cohort::DataError(fmt::format("gpt: {} failed (exit status {}) building the tokenizer in {}; its message "
-                                        "is above",
-                                        tool, status, tmp.string()));
+      status != 0) {
+    fs::remove_all(tmp);
+    throw cohort::DataError(
+        fmt::format("gpt: {} failed (exit status {}) building the tokenizer; its message is above", tool, status));
+  }
   fs::remove(tmp / "train.txt");
   fs::remove(tmp / "val.txt");
   const Tokenizer pieces(tmp.string());
