@@ -30,8 +30,8 @@ c10::Dict<std::string, at::Tensor> whole_state(GptImpl& model, cohort::comm::Gro
   }
   c10::Dict<std::string, at::Tensor> out;
   for (const auto& p : model.named_parameters()) {
+    const auto it = split.find(p.value().unsafeGetTensorImpl());
     auto value = p.value().detach();
-    const auto it = split.find(value.unsafeGetTensorImpl());
     if (it != split.end() && group.size() > 1) value = torch::cat(group.all_gather(value.contiguous()), it->second);
     if (group.rank() == 0) out.insert(p.key(), value.cpu().clone());
   }
