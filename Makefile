@@ -8,11 +8,15 @@ NPROC       ?= 2
 EPOCHS      ?= 2
 DEVICE      ?= auto
 RUN_DIR     ?= $(BUILD)/fashion_mnist_run
+LM_TP       ?= 2
+LM_STEPS    ?= 600
+LM_DEVICE   ?= cpu
+LM_ARGS     ?=
 COHORT       = $(BUILD)/tools/cohort/cohort
 
 export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
 
-.PHONY: all deps configure build run test test-torch2 test-torch2-cuda test-pypi build-pypi build-asan test-asan fuzz bench install clean
+.PHONY: all deps configure build run run-lm test test-torch2 test-torch2-cuda test-pypi build-pypi build-asan test-asan fuzz bench install clean
 
 all: build
 
@@ -39,6 +43,15 @@ run: configure
 	$(COHORT) run --nproc-per-node $(NPROC) $(BUILD)/examples/fashion_mnist/fashion_mnist \
 	  --epochs $(EPOCHS) --device $(DEVICE) --checkpoint-dir $(RUN_DIR)/checkpoints \
 	  --checkpoint-every 200 --save-final $(RUN_DIR)/final.pt
+
+# The second main job: a small GPT trained on the fortunes of Debian's `fortunes`
+# package, tensor parallel over 2 processes (TP = LM_TP), a few minutes on two CPU
+# cores (docs/gpt.md). It prints the validation loss, tokens/s, MFU, sampled text
+# and a JSON line. The tokenizer is trained once and cached (~/.cache/cohort/gpt).
+run-lm: configure
+	cmake --build $(BUILD) -j $(JOBS) --target cohort_cli gpt gpt_tokenize
+	$(COHORT) run --nproc-per-node $(NPROC) $(BUILD)/examples/gpt/gpt \
+	  --tp $(LM_TP) --steps $(LM_STEPS) --device $(LM_DEVICE) $(LM_ARGS)
 
 test: build
 	scripts/run-tests $(BUILD)

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cohort/errors.h"
+#include "cohort/recompute/checkpoint.h"
 #include "cohort/tensor_parallel/cross_entropy.h"
 #include "cohort/tensor_parallel/dropout.h"
 #include "cohort/tensor_parallel/linear.h"
@@ -59,9 +60,34 @@ at::Tensor GptImpl::embed_tokens(const at::Tensor& ids) {
 
 at::Tensor GptImpl::head(const at::Tensor& hidden) { return embed->logits(norm(hidden)); }
 
+void GptImpl::use_fully_shard_units() {
+  units_.clear();
+  for (std::size_t i = 0; i < blocks->size(); ++i) {
+    cohort::zero::FullyShard<tp::ParallelTransformerBlockImpl> unit(blocks->ptr<tp::ParallelTransformerBlockImpl>(i));
+    blocks->replace_module(std::to_string(i), unit.ptr());
+    units_.push_back(unit);
+  }
+}
+
+at::Tensor GptImpl::run_block(std::size_t i, const at::Tensor& x) {
+  auto block = blocks->ptr<tp::ParallelTransformerBlockImpl>(i);
+  if (!recompute_) return units_.empty() ? block->forward(x) : units_[i](x);
+  // Captures what it needs by value: recomputation calls it again in backward. A
+  // fully sharded unit's parameters exist only inside it, so under --zero 3 the
+  // block is checkpointed without .modules() (docs/zero.md, Composing). The TP
+  // collectives inside run again in backward, on every TP rank alike.
+  auto unit = units_.empty() ? cohort::zero::FullyShard<tp::ParallelTransformerBlockImpl>(nullptr) : units_[i];
+  auto segment = [block, unit](const cohort::recompute::TensorList& in) mutable {
+    return cohort::recompute::TensorList{unit ? unit(in[0]) : block->forward(in[0])};
+  };
+  auto options = units_.empty() ? cohort::recompute::CheckpointOptions().modules({block})
+                                : cohort::recompute::CheckpointOptions();
+  return cohort::recompute::checkpoint(segment, {x}, options)[0];
+}
+
 at::Tensor GptImpl::forward(const at::Tensor& ids) {
   auto x = embed_tokens(ids);
-  for (const auto& block : *blocks) x = block->as<tp::ParallelTransformerBlock>()->forward(x);
+  for (std::size_t i = 0; i < blocks->size(); ++i) x = run_block(i, x);
   return head(x);
 }
 

@@ -22,10 +22,12 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "cohort/comm/group.h"
 #include "cohort/tensor_parallel/block.h"
 #include "cohort/tensor_parallel/embedding.h"
+#include "cohort/zero/fully_shard.h"
 
 namespace gpt {
 
@@ -66,6 +68,14 @@ class GptImpl : public torch::nn::Module {
 
   const cohort::comm::Group& tp_group() const { return tp_; }
 
+  // Recompute each block's activations in backward instead of keeping them
+  // (cohort::recompute, --activation-checkpointing).
+  void use_activation_checkpointing() { recompute_ = true; }
+  // --zero 3: each block becomes a cohort::zero::FullyShard unit under the same name
+  // (blocks.<i>), so its parameters are gathered only while it computes; the
+  // embeddings and the final LayerNorm stay in the unit that wraps the whole model.
+  void use_fully_shard_units();
+
   GptOptions options;
   cohort::tensor_parallel::VocabParallelEmbedding embed{nullptr};
   torch::nn::Embedding position{nullptr};
@@ -73,7 +83,11 @@ class GptImpl : public torch::nn::Module {
   torch::nn::LayerNorm norm{nullptr};
 
  private:
+  at::Tensor run_block(std::size_t i, const at::Tensor& x);
+
   cohort::comm::Group tp_;
+  bool recompute_ = false;
+  std::vector<cohort::zero::FullyShard<cohort::tensor_parallel::ParallelTransformerBlockImpl>> units_;
 };
 TORCH_MODULE(Gpt);
 

@@ -64,15 +64,25 @@ void check_divides(const at::Tensor& x, const comm::Group& group, std::int64_t d
                                 group.rank()));
 }
 
+// Note [Reduced precision over Gloo]
+// Under bf16 autocast the activations the TP collectives move are bfloat16 (or
+// half), which LibTorch 1.13's Gloo cannot sum or gather ("Invalid scalar type").
+// Over Gloo they travel as float32 and come back in their own type; the sum in
+// float32 is also the more accurate one. NCCL moves them as they are.
+at::Tensor wire(const at::Tensor& x, const comm::Group& group) {
+  const bool reduced = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  return reduced && group.backend_name() == "gloo" ? x.to(at::kFloat) : x;
+}
+
 at::Tensor all_reduced(const at::Tensor& x, comm::Group& group) {
-  auto out = x.clone(at::MemoryFormat::Contiguous);
+  auto out = wire(x, group).clone(at::MemoryFormat::Contiguous);
   group.all_reduce(out, comm::ReduceOp::kSum);
-  return out;
+  return out.to(x.scalar_type());
 }
 
 at::Tensor gathered(const at::Tensor& x, comm::Group& group, std::int64_t dim) {
-  auto parts = group.all_gather(x.contiguous());
-  return at::cat(parts, dim);
+  auto parts = group.all_gather(wire(x, group).contiguous());
+  return at::cat(parts, dim).to(x.scalar_type());
 }
 
 at::Tensor chunk_of(const at::Tensor& x, const comm::Group& group, std::int64_t dim) {
@@ -82,8 +92,8 @@ at::Tensor chunk_of(const at::Tensor& x, const comm::Group& group, std::int64_t 
 // The sum over ranks of chunk rank() along `dim`: the group reduce-scatters along the
 // first dimension, so `dim` travels there and back.
 at::Tensor reduce_scattered(const at::Tensor& x, comm::Group& group, std::int64_t dim) {
-  auto front = x.movedim(dim, 0).contiguous();
-  return group.reduce_scatter(front, comm::ReduceOp::kSum).movedim(0, dim).contiguous();
+  auto front = wire(x, group).movedim(dim, 0).contiguous();
+  return group.reduce_scatter(front, comm::ReduceOp::kSum).movedim(0, dim).to(x.scalar_type()).contiguous();
 }
 
 class CopyToTp : public torch::autograd::Function<CopyToTp> {

@@ -1,0 +1,111 @@
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <iostream>
+
+namespace gpt {
+
+std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
+  GptTrainerOptions o;
+  CLI::App app(
+      "Trains a small GPT on the fortunes of Debian's `fortunes` package, split over a\n"
+      "data x pipeline x tensor parallel mesh. Run it under `cohort run --nproc-per-node N`.\n"
+      "docs/gpt.md explains the flags, the batches and the output.",
+      "gpt");
+  app.add_option("--dp", o.dp, "Data-parallel replicas (0: the world's size / (tp x pp))")->check(CLI::Range(0, 1 << 16));
+  app.add_option("--tp", o.tp, "Tensor-parallel ranks per replica (consecutive ranks: one node's)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--pp", o.pp, "Pipeline stages (only 1 for now)")->check(CLI::Range(1, 64));
+  app.add_flag("--sequence-parallel", o.sequence_parallel,
+               "Keep the activations between blocks sharded along the sequence over the TP group");
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (optimizer state sharded), 2 (and the "
+                 "gradients), 3 (and the parameters; docs/zero.md)")
+      ->check(CLI::Range(0, 3));
+  app.add_option("--amp", o.amp, "Mixed precision: none, or bf16 (autocast)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "Recompute each transformer block's activations in backward instead of keeping them");
+  app.add_option("--layers", o.layers, "Transformer blocks")->check(CLI::Range(1, 256));
+  app.add_option("--embed-dim", o.embed_dim, "Width of the residual stream")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--heads", o.heads, "Attention heads (divisible by --tp)")->check(CLI::Range(1, 1024));
+  app.add_option("--context", o.context, "Tokens per training window")->check(CLI::Range(2, 1 << 16));
+  app.add_option("--dropout", o.dropout, "Dropout on the embeddings, attention and residual branches")
+      ->check(CLI::Range(0.0, 0.9));
+  app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--batch-size", o.batch_size, "Windows per step over all data-parallel replicas (global)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", o.lr, "Peak learning rate of AdamW (after warmup; cosine decay to a tenth)")
+      ->check(CLI::Range(1e-9, 10.0));
+  app.add_option("--warmup-steps", o.warmup_steps, "Linear warmup steps (-1: a tenth of --steps)")
+      ->check(CLI::Range(-1, 1 << 30));
+  app.add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", o.seed, "Seed of the initial weights, dropout and the sample");
+  app.add_option("--eval-every", o.eval_every, "Steps between validation passes (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--eval-batches", o.eval_batches, "Validation batches of --batch-size windows per pass")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--device", o.device, "cpu, cuda, or auto (cuda when LibTorch has it and a GPU is visible)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--fortunes-dir", o.fortunes_dir, "The fortune files (Debian's `fortunes` package)")
+      ->capture_default_str();
+  app.add_option("--cache-dir", o.cache_dir,
+                 "Where the tokenizer and the token ids are cached (default: $XDG_CACHE_HOME/cohort/gpt or "
+                 "~/.cache/cohort/gpt)");
+  app.add_option("--vocab-size", o.vocab_size, "SentencePiece BPE pieces (padded to a multiple of --tp)")
+      ->check(CLI::Range(256, 1 << 20));
+  app.add_option("--samples", o.samples, "Texts sampled from the model at the end")->check(CLI::Range(0, 100));
+  app.add_option("--sample-tokens", o.sample_tokens, "Tokens per sample at most (it stops at a fortune's end)")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--temperature", o.temperature, "Sampling temperature")->check(CLI::Range(1e-3, 100.0));
+  app.add_option("--top-k", o.top_k, "Sample among the k likeliest tokens (0: all)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--save-initial", o.save_initial,
+                 "Write the whole model's initial weights here (torch.load-able, gathered over TP)");
+  app.add_option("--dump-data", o.dump_data,
+                 "Write train.bin and val.bin (int32 little-endian token ids) and meta.json to this folder");
+  app.add_flag("--log-losses", o.log_losses, "Print every step's training loss as `step N loss X`");
+  app.add_option("--log-interval", o.log_interval_s, "Seconds between progress lines")
+      ->check(CLI::Range(0.0, 3600.0));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "gpt: " << e.what() << "\nRun with --help for the flags.\n";
+    std::exit(2);
+  }
+  auto refuse = [](const std::string& why) {
+    std::cerr << "gpt: " << why << "\nRun with --help for the flags.\n";
+    std::exit(2);
+  };
+  const auto n = [](auto v) { return std::to_string(v); };
+  if (o.pp > 1)
+    refuse("--pp " + n(o.pp) + ": pipelines for the GPT example are not wired yet; use --pp 1 (the mesh's "
+           "data x tensor parallel dimensions and --zero work)");
+  if (o.amp == "fp16")
+    refuse("--amp fp16 needs a GradScaler, which the GPT example does not wire; use --amp bf16 (or none)");
+  if (o.heads % o.tp != 0)
+    refuse("--heads " + n(o.heads) + " cannot be split over --tp " + n(o.tp) +
+           " ranks (attention is split by heads); make --heads a multiple of --tp");
+  if (o.embed_dim % o.heads != 0)
+    refuse("--embed-dim " + n(o.embed_dim) + " is not a multiple of --heads " + n(o.heads) +
+           "; each head takes embed_dim / heads features");
+  if (o.sequence_parallel && o.context % o.tp != 0)
+    refuse("--sequence-parallel shards the --context of " + n(o.context) + " tokens over --tp " + n(o.tp) +
+           " ranks; make --context a multiple of --tp");
+  if (o.sequence_parallel && o.zero >= 2)
+    refuse("--sequence-parallel with --zero " + n(o.zero) + ": ZeRO-" + n(o.zero) +
+           " keeps the gradients in shards over the data-parallel ranks, and summing the replicated "
+           "parameters' gradients over the TP group (which sequence parallelism needs) is not wired for shards; "
+           "use --zero 0 or 1 with --sequence-parallel");
+  if (o.dp > 0 && o.batch_size % o.dp != 0)
+    refuse("--batch-size " + n(o.batch_size) + " cannot be split evenly over --dp " + n(o.dp) +
+           " replicas; make it a multiple of --dp");
+  if (o.warmup_steps < 0) o.warmup_steps = o.steps / 10;
+  return o;
+}
+
+}  // namespace gpt

@@ -1,0 +1,209 @@
+#include "trainer.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "batches.h"
+#include "cohort/comm/device_mesh.h"
+#include "cohort/comm/world.h"
+#include "cohort/errors.h"
+#include "cohort/system/cuda.h"
+#include "cohort/tensor_parallel/block.h"
+#include "corpus.h"
+#include "evaluate.h"
+#include "mixed_precision.h"
+#include "optimizer.h"
+#include "peer.h"
+#include "performance.h"
+#include "sample.h"
+#include "strategy.h"
+#include "tokenizer.h"
+
+namespace gpt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using cohort::comm::MeshDim;
+
+c10::Device choose_device(const GptTrainerOptions& o, const cohort::comm::World& world) {
+  if (o.device == "cpu" || (o.device == "auto" && !torch::cuda::is_available())) return torch::kCPU;
+  if (!torch::cuda::is_available())
+    throw cohort::ConfigError("--device cuda: no CUDA device is usable: " + cohort::system::detect_cuda().why_no_gpu() +
+                              "; or use --device cpu (or auto)");
+  if (world.device().is_cuda()) return world.device();
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  return c10::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % count));
+}
+
+double peak_rss_mb() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+std::unique_ptr<Strategy> parallelize(const GptTrainerOptions& o, Gpt model, cohort::comm::DeviceMesh& mesh) {
+  if (o.activation_checkpointing) model->use_activation_checkpointing();
+  // --pp > 1 (pipeline_parallel.cpp) will slot in here; options.cpp refuses it for now.
+  if (o.zero == 3) return make_fully_sharded(std::move(model), mesh);
+  if (o.zero == 2) return make_sharded_gradients(std::move(model), mesh);
+  return make_data_parallel(std::move(model), mesh);
+}
+
+}  // namespace
+
+int train(const GptTrainerOptions& o) {
+  const auto started = Clock::now();
+  // Note [--device cpu on a GPU machine] (examples/fashion_mnist/trainer.cpp).
+  cohort::comm::InitOptions init;
+  if (o.device == "cpu") init.backend("gloo");
+  auto world = cohort::comm::World::init(init);
+  const bool lead = world.rank() == 0;
+  const c10::Device device = choose_device(o, world);
+  cohort::comm::DeviceMesh mesh(world, cohort::comm::MeshShape().data(o.dp).pipeline(o.pp).tensor(o.tp));
+  auto& tp = mesh.group(MeshDim::kTensor);
+  auto& data = mesh.group(MeshDim::kData);
+  const int dp = mesh.size(MeshDim::kData);
+  if (o.batch_size % dp != 0)
+    throw cohort::ConfigError(fmt::format("gpt: --batch-size {} cannot be split evenly over the {} data-parallel "
+                                          "replicas ({}); make it a multiple of {}",
+                                          o.batch_size, dp, mesh.describe(), dp));
+
+  // The corpus and its tokens (Note [One builder per node]).
+  const auto corpus = split_corpus(read_fortunes(o.fortunes_dir));
+  TokenCacheOptions cache;
+  cache.cache_dir = o.cache_dir;
+  cache.vocab_size = o.vocab_size;
+  cache.build = world.local_rank() == 0;
+  cache.rank = world.rank();
+  cache.builder_rank = world.rank() - world.local_rank();
+  const auto tokens = load_token_streams(corpus, cache);
+  // The vocabulary is split over the TP group: pad it to a multiple of its size
+  // (the padding's rows are never a target, and sampling skips them).
+  const int padded_vocab = (tokens.vocab_size + o.tp - 1) / o.tp * o.tp;
+  if (lead) {
+    std::cout << fmt::format("gpt: {}, {} fortunes ({} training tokens, {} validation), vocabulary {} (padded to {}), "
+                             "cache {}",
+                             mesh.describe(), corpus.train.size() + corpus.validation.size(), tokens.train.size(),
+                             tokens.validation.size(), tokens.vocab_size, padded_vocab, tokens.folder)
+              << std::endl;
+  }
+  if (lead && !o.dump_data.empty()) dump_data(tokens, padded_vocab, o.dump_data);
+
+  // Every rank draws the same whole model from the seed and keeps its TP slice
+  // (Note [Whole, then sliced]); the generators stay in step, which TP's dropout needs.
+  torch::manual_seed(o.seed);
+  Gpt model(tp, GptOptions(padded_vocab)
+                    .context(o.context)
+                    .embed_dim(o.embed_dim)
+                    .num_heads(o.heads)
+                    .layers(o.layers)
+                    .dropout(o.dropout)
+                    .sequence_parallel(o.sequence_parallel));
+  model->to(device);
+  if (!o.save_initial.empty()) save_whole_state(*model, tp, lead, o.save_initial);
+  const double params = static_cast<double>(model->whole_parameter_count());
+  auto strategy = parallelize(o, model, mesh);
+  auto optimizer = make_optimizer(o, *strategy, mesh);
+  autocast(o.amp, device);  // refuses what autocast cannot do here, at start rather than mid-step
+  const double peak_gflops = measure_peak_gflops(world, device);
+
+  const std::int64_t tokens_per_step = o.batch_size * o.context;
+  double train_s = 0, last_loss = 0;
+  Evaluation eval;
+  std::vector<std::pair<std::int64_t, double>> curve;  // (step, validation loss)
+  auto run_eval = [&](std::int64_t step) {
+    eval = evaluate(*strategy, tokens.validation, o, mesh, device);
+    curve.emplace_back(step, eval.loss);
+    if (lead) {
+      std::cout << fmt::format("step {:>5}/{}  train loss {:.4f}  val loss {:.4f}  perplexity {:.1f}  {:.0f} tokens/s",
+                               step, o.steps, last_loss, eval.loss, eval.perplexity(),
+                               step > 0 ? static_cast<double>(step * tokens_per_step) / train_s : 0.0)
+                << std::endl;
+    }
+  };
+  run_eval(0);
+  auto last_line = Clock::now();
+  for (std::int64_t s = 0; s < o.steps; ++s) {
+    const auto t0 = Clock::now();
+    for (auto& group : optimizer->param_groups()) group.options().set_lr(learning_rate(o, s));
+    optimizer->zero_grad();
+    auto batch = training_batch(tokens.train, s, o.batch_size, o.context, data.rank(), dp);
+    at::Tensor logits;
+    {
+      auto guard = autocast(o.amp, device);
+      logits = strategy->forward(batch.inputs.to(device));
+    }
+    auto loss = strategy->gpt().loss(logits.to(torch::kFloat), batch.targets.to(device));
+    loss.backward();
+    // Under sequence parallelism each TP rank's gradients of the replicated
+    // parameters cover only its shard of the sequence (docs/tensor_parallel.md).
+    if (o.sequence_parallel) cohort::tensor_parallel::sum_replicated_gradients(strategy->model(), tp);
+    optimizer->step();
+    // The batch's loss: the same on every TP rank, averaged over the replicas.
+    auto mean = loss.detach().to(torch::kFloat64).reshape({1});
+    if (dp > 1) data.all_reduce(mean, cohort::comm::ReduceOp::kAvg);
+    last_loss = mean.item<double>();
+    train_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::int64_t step = s + 1;
+    if (lead && o.log_losses) std::cout << fmt::format("step {} loss {:.6f}", step, last_loss) << std::endl;
+    if (lead && !o.log_losses && std::chrono::duration<double>(Clock::now() - last_line).count() >= o.log_interval_s) {
+      std::cout << fmt::format("step {:>5}/{}  train loss {:.4f}  {:.0f} tokens/s", step, o.steps, last_loss,
+                               static_cast<double>(step * tokens_per_step) / train_s)
+                << std::endl;
+      last_line = Clock::now();
+    }
+    if ((o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps) {
+      if (curve.back().first != step) run_eval(step);
+      last_line = Clock::now();
+    }
+  }
+
+  Tokenizer tokenizer(tokens.folder);
+  const auto texts = sample_texts(*strategy, tokenizer, tokens.vocab_size, tokens.eos_id, o, mesh, device);
+  auto rss = torch::tensor({peak_rss_mb()}, torch::dtype(torch::kFloat64).device(device));
+  world.group().all_reduce(rss, cohort::comm::ReduceOp::kMax);
+  if (lead) {
+    for (std::size_t i = 0; i < texts.size(); ++i) std::cout << fmt::format("sample {}: {}", i + 1, texts[i]) << std::endl;
+    const double tokens_per_second = static_cast<double>(o.steps * tokens_per_step) / std::max(train_s, 1e-9);
+    const double flops = strategy->gpt().training_flops(o.steps * tokens_per_step, o.context) / std::max(train_s, 1e-9);
+    nlohmann::json curve_json = nlohmann::json::array();
+    for (const auto& [step, loss] : curve) curve_json.push_back({{"step", step}, {"val_loss", loss}});
+    nlohmann::json summary = {
+        {"val_loss", eval.loss},
+        {"perplexity", eval.perplexity()},
+        {"first_val_loss", curve.front().second},
+        {"train_loss", last_loss},
+        {"tokens_per_second", tokens_per_second},
+        {"train_seconds", train_s},
+        {"wall_seconds", std::chrono::duration<double>(Clock::now() - started).count()},
+        {"world_size", world.size()},
+        {"dp", dp},
+        {"tp", mesh.size(MeshDim::kTensor)},
+        {"pp", mesh.size(MeshDim::kPipeline)},
+        {"sequence_parallel", o.sequence_parallel},
+        {"steps", o.steps},
+        {"batch_size", o.batch_size},
+        {"context", o.context},
+        {"parameters", params},
+        {"vocab_size", tokens.vocab_size},
+        {"peak_rss_mb_max_rank", rss.cpu().item<double>()},
+        {"device", device.str()},
+        {"amp", o.amp},
+        {"zero", o.zero},
+        {"activation_checkpointing", o.activation_checkpointing},
+        {"comm_hook", strategy->name()},
+        {"val_curve", curve_json},
+        {"samples", texts.size()},
+    };
+    summary.update(utilisation(flops, peak_gflops));
+    std::cout << summary.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace gpt
