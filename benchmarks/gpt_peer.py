@@ -18,7 +18,7 @@ same sharded table as a DTensor, and the loss runs under loss_parallel(), so the
 whole logits are never gathered, as in cohort.
 
 Rank 0 prints "step N loss X" per step with --log-losses, and one JSON line at the
-end: tokens per second over the timed steps (after --warmup-steps), median step time.
+end: tokens per second over the timed steps (after --timing-warmup), median step time.
 """
 import argparse
 import json
@@ -105,12 +105,14 @@ def parallelize(model, tp_mesh):
 
 
 def learning_rate(step, args):
-    """examples/gpt's schedule: linear warm-up, then cosine to min_lr_ratio x lr."""
-    if args.warmup > 0 and step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
-    floor = args.lr * args.min_lr_ratio
-    return floor + (args.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    """examples/gpt's schedule (optimizer.cpp): linear warm-up, then cosine down to a
+    tenth of the peak at the last step."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    decay = max(1, args.steps - 1 - args.warmup_steps)
+    done = min(1.0, max(0.0, (step - args.warmup_steps) / decay))
+    floor = args.lr / 10
+    return floor + (args.lr - floor) * 0.5 * (1 + math.cos(math.pi * done))
 
 
 def batch(tokens, step, args, dp_rank, dp_size):
@@ -129,18 +131,19 @@ def main():
     p.add_argument("--initial", required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--warmup-steps", type=int, default=5, help="steps left out of the timing")
+    p.add_argument("--timing-warmup", type=int, default=5, help="first steps left out of the timing")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--embed-dim", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=0, help="learning-rate warm-up steps")
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup-steps", type=int, default=-1, help="learning-rate warm-up (-1: a tenth of --steps)")
+    p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--log-losses", action="store_true")
     args = p.parse_args()
+    if args.warmup_steps < 0:
+        args.warmup_steps = args.steps // 10
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")
@@ -190,7 +193,7 @@ def main():
             loss.backward()
         opt.step()
         elapsed = time.perf_counter() - start
-        if step >= args.warmup_steps:
+        if step >= args.timing_warmup:
             times.append(elapsed)
         value = float(loss.detach())
         if dp_size > 1:
