@@ -1,7 +1,8 @@
 // Tensor parallelism composed with the other strategies, in real processes through
 // `cohort run` (multiproc/tensor_parallel/gpt_parity_worker.cpp): examples/gpt's
 // model on a device mesh, trained 5 steps in fp32, has the losses and the weights of
-// the same model trained in one process on the whole global batch, within 1e-5.
+// the same model trained in one process on the whole global batch, within 1e-5
+// (under bf16 autocast, within bf16's precision).
 // Every rank checks its own slices and says so.
 #include <gtest/gtest.h>
 
@@ -36,6 +37,18 @@ TEST(TensorParallelGpt, Tp2SequenceParallelWithDropout) {
 }
 TEST(TensorParallelGpt, Tp2SequenceParallelAdamW) {
   expect_every_rank_ok("tp2_adamw", 2, {"--tp", "2", "--sp", "--optimizer", "adamw"});
+}
+// Activation checkpointing per block: backward replays the block's collectives and
+// its dropout masks.
+TEST(TensorParallelGpt, Tp2SequenceParallelCheckpointedBlocksWithDropout) {
+  expect_every_rank_ok("tp2_sp_recompute", 2, {"--tp", "2", "--sp", "--dropout", "0.1", "--recompute"});
+}
+// bf16 autocast on both sides: equal within bf16's precision (the worker's --amp).
+TEST(TensorParallelGpt, Dp2Tp2SequenceParallelBf16Autocast) {
+  expect_every_rank_ok("dp2_tp2_amp", 4, {"--dp", "2", "--tp", "2", "--strategy", "ddp", "--sp", "--amp"});
+}
+TEST(TensorParallelGpt, Tp2Pp2Bf16Autocast) {
+  expect_every_rank_ok("tp2_pp2_amp", 4, {"--pp", "2", "--tp", "2", "--layers", "4", "--amp"});
 }
 TEST(TensorParallelGpt, Dp2Tp2Ddp) {
   expect_every_rank_ok("dp2_tp2", 4, {"--dp", "2", "--tp", "2", "--strategy", "ddp"});

@@ -10,7 +10,9 @@
 // "gpt <label> ok rank R ..." when all agree within 1e-5, and exits 1 otherwise.
 //   gpt_parity_worker LABEL [--dp D] [--tp T] [--pp P] [--sp] [--strategy none|ddp|zero1|zero2|zero3]
 //                           [--dropout p] [--recompute] [--optimizer sgd|adamw] [--layers L] [--steps K]
-//                           [--unchecked]
+//                           [--amp] [--unchecked]
+// --recompute checkpoints each block (a pipeline: each stage); --amp runs both sides
+// under bf16 autocast and compares within bf16's precision (losses 5e-2, weights 1e-2).
 // A combination tensor_parallel::check_composition refuses prints
 // "gpt <label> refused rank R: <why>" and exits 3 (--unchecked runs it anyway).
 #include <torch/torch.h>
@@ -22,11 +24,13 @@
 #include <string>
 #include <unordered_set>
 
+#include "cohort/amp/autocast.h"
 #include "cohort/comm/device_mesh.h"
 #include "cohort/comm/world.h"
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/errors.h"
 #include "cohort/tensor_parallel/composition.h"
+#include "cohort/recompute/checkpoint.h"
 #include "cohort/tensor_parallel/cross_entropy.h"
 #include "cohort/zero/fully_shard.h"
 #include "cohort/zero/sharded_optimizer.h"
@@ -42,6 +46,7 @@ struct Args {
   std::string label;
   int dp = 1, tp = 2, pp = 1;
   bool sp = false, recompute = false;
+  bool amp = false;  // bf16 autocast on both sides
   bool unchecked = false;  // skip check_composition: what a refused combination would do
   std::string strategy = "none", optimizer = "sgd";
   double dropout = 0.0;
@@ -64,6 +69,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--sp") a.sp = true;
     else if (flag == "--recompute") a.recompute = true;
     else if (flag == "--unchecked") a.unchecked = true;
+    else if (flag == "--amp") a.amp = true;
     else if (flag == "--strategy") a.strategy = value();
     else if (flag == "--optimizer") a.optimizer = value();
     else if (flag == "--dropout") a.dropout = std::stod(value());
@@ -71,6 +77,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--steps") a.steps = std::stoi(value());
     else throw std::invalid_argument("unknown flag " + flag);
   }
+  if (a.recompute && a.pp == 1 && a.strategy != "none" && a.strategy != "zero2")
+    throw std::invalid_argument("--recompute without a pipeline runs with --strategy none or zero2 only");
   return a;
 }
 
@@ -99,6 +107,21 @@ at::Tensor reference_slice(const torch::nn::Module& module, const std::string& n
   if (auto* e = dynamic_cast<const tp::VocabParallelEmbeddingImpl*>(&module))
     return whole.slice(0, e->first_row(), e->last_row());
   return whole;
+}
+
+// The model's forward with each block checkpointed (activation checkpointing
+// without a pipeline): backward recomputes the block, its TP collectives and its
+// dropout masks included.
+at::Tensor checkpointed(gpt::Gpt& model, const at::Tensor& ids, bool recompute) {
+  if (!recompute) return model(ids);
+  using cohort::recompute::TensorList;
+  auto x = model->embed_tokens(ids);
+  for (const auto& block : *model->blocks) {
+    auto* b = block->as<tp::ParallelTransformerBlock>();
+    auto segment = [b](const TensorList& in) { return TensorList{b->forward(in[0])}; };
+    x = cohort::recompute::checkpoint(segment, {x}, cohort::recompute::CheckpointOptions().modules({block}))[0];
+  }
+  return model->head(x);
 }
 
 struct Comparison {
@@ -181,7 +204,9 @@ int run(const Args& a) {
     return make_optimizer(a.optimizer, params);
   };
   if (a.pp > 1) {
-    pipe.emplace(model, world, mesh, gpt::GptPipelineOptions().microbatches(2).recompute(a.recompute));
+    auto pipe_options = gpt::GptPipelineOptions().microbatches(2).recompute(a.recompute);
+    if (a.amp) pipe_options.autocast(cohort::amp::AutocastOptions(torch::kCPU).dtype(torch::kBFloat16));
+    pipe.emplace(model, world, mesh, pipe_options);
     if (a.strategy == "ddp" || a.strategy == "zero1") pipe->data_parallel();
     opt = plain_or_zero1(pipe->parameters());
   } else if (a.strategy == "ddp" || a.strategy == "zero1") {
@@ -208,7 +233,12 @@ int run(const Args& a) {
 
     torch::manual_seed(200 + step);  // the same dropout draws on both sides
     ref_opt->zero_grad();
-    auto ref_loss = reference->loss(reference(ids), targets);
+    at::Tensor ref_loss;
+    {
+      std::optional<cohort::amp::Autocast> autocast;
+      if (a.amp) autocast.emplace(cohort::amp::AutocastOptions(torch::kCPU).dtype(torch::kBFloat16));
+      ref_loss = reference->loss(reference(ids), targets);
+    }
     ref_loss.backward();
     ref_opt->step();
 
@@ -218,14 +248,18 @@ int run(const Args& a) {
     if (pipe) {
       loss = torch::tensor(pipe->step(my_ids, my_targets).loss);
     } else {
-      auto logits = ddp ? (*ddp)(my_ids) : root ? (*root)(my_ids) : model(my_ids);
-      loss = tp::vocab_parallel_cross_entropy(logits, my_targets, tp_group);
+      {
+        std::optional<cohort::amp::Autocast> autocast;
+        if (a.amp) autocast.emplace(cohort::amp::AutocastOptions(torch::kCPU).dtype(torch::kBFloat16));
+        auto logits = ddp ? (*ddp)(my_ids) : root ? (*root)(my_ids) : checkpointed(model, my_ids, a.recompute);
+        loss = tp::vocab_parallel_cross_entropy(logits, my_targets, tp_group);
+      }
       loss.backward();
       if (a.sp) tp::sum_replicated_gradients(*model, tp_group);
     }
     opt->step();
     // This data rank's rows' loss; the global batch's is their mean.
-    auto global = loss.detach().clone();
+    auto global = loss.detach().to(torch::kFloat).clone();  // bfloat16 under --amp
     data_group.all_reduce(global);
     loss_diff = std::max(loss_diff, std::abs(global.item<double>() / data_size - ref_loss.item<double>()));
   }
@@ -247,7 +281,11 @@ int run(const Args& a) {
       compare(model, reference, nullptr, weights);
     }
   }
-  const bool ok = loss_diff < 1e-5 && weights.max_diff < 1e-5 && weights.compared > 0;
+  // Under bf16 autocast the TP ranks round their partial sums before adding them,
+  // where one process rounds once, and the loss itself is a bfloat16 (spacing 1/32
+  // near ln 64): agreement to bf16's precision, not fp32's.
+  const double loss_tolerance = a.amp ? 5e-2 : 1e-5, weight_tolerance = a.amp ? 1e-2 : 1e-5;
+  const bool ok = loss_diff < loss_tolerance && weights.max_diff < weight_tolerance && weights.compared > 0;
   std::cout << "gpt " << a.label << (ok ? " ok" : " FAILED") << " rank " << r << " world " << n << " mesh "
             << mesh.describe() << " steps " << a.steps << " max_loss_diff " << loss_diff << " max_weight_diff "
             << weights.max_diff << " (" << weights.worst << ") parameters_compared " << weights.compared << std::endl;
