@@ -78,7 +78,8 @@ TORCH_MODULE(GptStage);
 class GptPipeline {
  public:
   // Collective over the world: builds the pipeline over the mesh's pipeline group
-  // and the tied-embedding groups. ConfigError for fewer blocks than stages.
+  // and the tied-embedding groups. ConfigError for fewer blocks than stages, or a
+  // model split over another TP size than the mesh's. `mesh` must outlive this.
   GptPipeline(const Gpt& model, const cohort::comm::World& world, cohort::comm::DeviceMesh& mesh,
               GptPipelineOptions options = GptPipelineOptions());
 
