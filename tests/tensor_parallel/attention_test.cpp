@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 
 #include "cohort/errors.h"
 #include "cohort/tensor_parallel/attention.h"
@@ -41,6 +45,63 @@ TEST(TensorParallelAttention, HeadsSplitOverTwoRanksEqualTheWholeAttention) {
       EXPECT_LT(max_diff(attn->value->weight.grad(), twin.v->weight.grad().slice(0, c0, c1)), 1e-12);
       EXPECT_LT(max_diff(attn->proj->weight.grad(), twin.proj->weight.grad().slice(1, c0, c1)), 1e-12);
     });
+  }
+}
+
+// Counts the collectives of every group of the world, by name.
+class CountingRecorder : public cohort::comm::Recorder {
+ public:
+  bool recording() const override { return true; }
+  void span(std::string, const char*, double, double, std::int64_t) override {}
+  void instant(std::string, const char*, double, std::int64_t) override {}
+  void async(std::string name, const char*, double, double, std::int64_t) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++counts[name];
+  }
+  int count(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return counts[name];
+  }
+  // Reductions: Gloo has no reduce-scatter, and Group runs it as an all-reduce.
+  int reductions() { return count("all_reduce") + count("reduce_scatter"); }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex);
+    counts.clear();
+  }
+
+ private:
+  std::mutex mutex;
+  std::map<std::string, int> counts;
+};
+
+// Megatron's cost: one collective before the heads and one after in each direction,
+// the query, key and value projections sharing the input's (input_is_gathered).
+TEST(TensorParallelAttention, OneCollectiveForTheThreeProjectionsInEachDirection) {
+  for (const bool sp : {false, true}) {
+    std::array<std::shared_ptr<CountingRecorder>, 2> recorders{std::make_shared<CountingRecorder>(),
+                                                              std::make_shared<CountingRecorder>()};
+    auto options = cohort::testing::quick_thread_world_options().recorder(
+        [&](cohort::comm::Group&, int rank, c10::Device) { return recorders[rank]; });
+    cohort::testing::run_thread_world(
+        2,
+        [&](World& w) {
+          ParallelSelfAttention attn(w.group(), ParallelSelfAttentionOptions(8, 4).sequence_parallel(sp));
+          auto x = torch::randn({2, sp ? 3 : 6, 8}).requires_grad_();
+          auto& mine = *recorders[w.rank()];
+          mine.clear();
+          auto y = attn(x);
+          // Forward: the input's gather (under sequence parallelism; copy_to_tp moves
+          // nothing) and the projection's reduce.
+          EXPECT_EQ(mine.count("all_gather"), sp ? 1 : 0) << "forward, sequence_parallel " << sp;
+          EXPECT_EQ(mine.reductions(), 1) << "forward, sequence_parallel " << sp;
+          mine.clear();
+          y.sum().backward();
+          // Backward: the projection's conjugate (an all-gather, or nothing) and the
+          // input's (a reduce-scatter, or an all-reduce), once each.
+          EXPECT_EQ(mine.reductions(), 1) << "backward, sequence_parallel " << sp;
+          EXPECT_EQ(mine.count("all_gather"), sp ? 1 : 0) << "backward, sequence_parallel " << sp;
+        },
+        options);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cohort/errors.h"
+#include "cohort/tensor_parallel/collectives.h"
 #include "cohort/tensor_parallel/dropout.h"
 
 namespace cohort::tensor_parallel {
@@ -21,10 +22,12 @@ ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(comm::Group group, Parallel
                                   "cannot split evenly; use a number of heads that is a multiple of the TP size",
                                   n, group_.size(), group_.name()));
   const bool sp = options.sequence_parallel();
-  // Note [Whole, then sliced]: built in the one-process twin's order.
-  query = register_module("query", ColumnParallelLinear(group_, ColumnParallelLinearOptions(h, h).sequence_parallel(sp)));
-  key = register_module("key", ColumnParallelLinear(group_, ColumnParallelLinearOptions(h, h).sequence_parallel(sp)));
-  value = register_module("value", ColumnParallelLinear(group_, ColumnParallelLinearOptions(h, h).sequence_parallel(sp)));
+  // Note [Whole, then sliced]: built in the one-process twin's order. forward()
+  // gathers the input once for the three projections (input_is_gathered).
+  const auto column = ColumnParallelLinearOptions(h, h).sequence_parallel(sp).input_is_gathered(true);
+  query = register_module("query", ColumnParallelLinear(group_, column));
+  key = register_module("key", ColumnParallelLinear(group_, column));
+  value = register_module("value", ColumnParallelLinear(group_, column));
   proj = register_module("proj", RowParallelLinear(group_, RowParallelLinearOptions(h, h).sequence_parallel(sp)));
 }
 
@@ -37,7 +40,12 @@ at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x) {
   const auto head_dim = options.embed_dim() / options.num_heads();
   // [B, S, local_heads * head_dim] -> [B, local_heads, S, head_dim]
   auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), local_heads, head_dim}).transpose(1, 2); };
-  auto q = heads(query(x)), k = heads(key(x)), v = heads(value(x));
+  // One collective for the three projections in each direction: the whole input
+  // (all-gathered from the sequence shards under sequence parallelism), and in
+  // backward the sum of the three layers' gradients, all-reduced (reduce-scattered)
+  // once.
+  const auto whole = options.sequence_parallel() ? all_gather_from_tp(x, group_, kSequenceDim) : copy_to_tp(x, group_);
+  auto q = heads(query(whole)), k = heads(key(whole)), v = heads(value(whole));
   const auto s = q.size(2);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
   if (options.causal()) {

@@ -64,24 +64,25 @@ void check_divides(const at::Tensor& x, const comm::Group& group, std::int64_t d
                                 group.rank()));
 }
 
-// Note [Reduced precision over Gloo]
-// Under bf16 autocast the activations the TP collectives move are bfloat16 (or
-// half), which LibTorch 1.13's Gloo cannot sum or gather ("Invalid scalar type").
-// Over Gloo they travel as float32 and come back in their own type; the sum in
-// float32 is also the more accurate one. NCCL moves them as they are.
-at::Tensor wire(const at::Tensor& x, const comm::Group& group) {
-  const bool reduced = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
-  return reduced && group.backend_name() == "gloo" ? x.to(at::kFloat) : x;
+// Note [Autocast activations over Gloo]
+// Under bf16 autocast on the CPU the activations a TP collective carries are
+// bfloat16, which LibTorch 1.13's Gloo can neither sum nor gather ("Invalid scalar
+// type"; Note [bfloat16 over Gloo] in ddp/comm_hook.cpp). Over Gloo they travel as
+// float32 and come back in their own dtype: exact for a gather, and for a sum one
+// rounding at the end instead of one per addition. NCCL takes them as they are.
+at::Tensor widened(const at::Tensor& x, const comm::Group& group) {
+  const bool narrow = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  return narrow && group.backend_name() == "gloo" ? x.to(at::kFloat) : x;
 }
 
 at::Tensor all_reduced(const at::Tensor& x, comm::Group& group) {
-  auto out = wire(x, group).clone(at::MemoryFormat::Contiguous);
+  auto out = widened(x, group).clone(at::MemoryFormat::Contiguous);
   group.all_reduce(out, comm::ReduceOp::kSum);
   return out.to(x.scalar_type());
 }
 
 at::Tensor gathered(const at::Tensor& x, comm::Group& group, std::int64_t dim) {
-  auto parts = group.all_gather(wire(x, group).contiguous());
+  auto parts = group.all_gather(widened(x, group).contiguous());
   return at::cat(parts, dim).to(x.scalar_type());
 }
 
@@ -92,8 +93,8 @@ at::Tensor chunk_of(const at::Tensor& x, const comm::Group& group, std::int64_t 
 // The sum over ranks of chunk rank() along `dim`: the group reduce-scatters along the
 // first dimension, so `dim` travels there and back.
 at::Tensor reduce_scattered(const at::Tensor& x, comm::Group& group, std::int64_t dim) {
-  auto front = wire(x, group).movedim(dim, 0).contiguous();
-  return group.reduce_scatter(front, comm::ReduceOp::kSum).movedim(0, dim).to(x.scalar_type()).contiguous();
+  auto front = widened(x, group).movedim(dim, 0).contiguous();
+  return group.reduce_scatter(front, comm::ReduceOp::kSum).movedim(0, dim).contiguous().to(x.scalar_type());
 }
 
 class CopyToTp : public torch::autograd::Function<CopyToTp> {

@@ -64,7 +64,9 @@ std::int64_t ColumnParallelLinearImpl::last_output() const {
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  auto x = options.sequence_parallel() ? all_gather_from_tp(input, group_, kSequenceDim) : copy_to_tp(input, group_);
+  auto x = options.input_is_gathered()   ? input
+           : options.sequence_parallel() ? all_gather_from_tp(input, group_, kSequenceDim)
+                                         : copy_to_tp(input, group_);
   auto y = torch::nn::functional::linear(x, weight, bias);
   return options.gather_output() ? gather_from_tp(y, group_, -1) : y;
 }
@@ -81,7 +83,7 @@ void ColumnParallelLinearImpl::pretty_print(std::ostream& stream) const {
          << ", out_features=" << options.out_features() << " (" << last_output() - first_output()
          << " on this rank of " << group_.size() << "), bias=" << std::boolalpha << options.bias()
          << ", gather_output=" << options.gather_output() << ", sequence_parallel=" << options.sequence_parallel()
-         << ")";
+         << ", input_is_gathered=" << options.input_is_gathered() << ")";
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(comm::Group group, RowParallelLinearOptions options_)

@@ -44,6 +44,12 @@ struct ColumnParallelLinearOptions {
   TORCH_ARG(bool, gather_output) = false;
   // The input arrives sharded along kSequenceDim and is all-gathered.
   TORCH_ARG(bool, sequence_parallel) = false;
+  // The caller has already made the input whole on every rank with copy_to_tp (or,
+  // under sequence parallelism, all_gather_from_tp), whose backward sums the ranks'
+  // parts of its gradient: this layer applies neither. Several column layers reading
+  // one input (attention's query, key and value) then share one collective in each
+  // direction instead of one each.
+  TORCH_ARG(bool, input_is_gathered) = false;
 };
 
 class ColumnParallelLinearImpl : public torch::nn::Module {
