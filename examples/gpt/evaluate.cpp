@@ -21,7 +21,12 @@ Evaluation evaluate(Strategy& strategy, const std::vector<std::int32_t>& validat
   for (std::int64_t b = 0; b < o.eval_batches; ++b) {
     auto batch = validation_batch(validation, b, o.batch_size, o.context, data.rank(), data.size());
     at::Tensor logits;
-    {
+    if (auto* pipe = strategy.pipeline()) {
+      // Under the pipeline's own autocast; only the last stage gets the logits.
+      auto out = pipe->pipeline().forward({batch.inputs.to(device)});
+      if (out.empty()) continue;
+      logits = out.at(0);
+    } else {
       auto guard = autocast(o.amp, device);
       logits = strategy.infer(batch.inputs.to(device));
     }
@@ -32,6 +37,8 @@ Evaluation evaluate(Strategy& strategy, const std::vector<std::int32_t>& validat
   strategy.model().train();
   auto sums = torch::tensor({loss_sum, rows}, torch::dtype(torch::kFloat64).device(device));
   data.all_reduce(sums);
+  // With a pipeline only the last stage counted: the sum over the stages is its.
+  if (strategy.pipeline()) mesh.group(MeshDim::kPipeline).all_reduce(sums);
   auto cpu = sums.cpu();
   return {cpu[0].item<double>() / cpu[1].item<double>()};
 }

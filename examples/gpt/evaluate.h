@@ -1,7 +1,9 @@
 #pragma once
 // The validation loss: each data-parallel replica scores its share of every
 // validation batch (Note [The batch rule]), and the sums are added over the data
-// group, so every rank gets the loss of all eval_batches x B windows.
+// group, so every rank gets the loss of all eval_batches x B windows. With a pipeline
+// only the last stage scores (Pipeline::forward), and the sums are added over the
+// pipeline group too.
 #include <c10/core/Device.h>
 
 #include <cstdint>

@@ -17,7 +17,10 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--dp", o.dp, "Data-parallel replicas (0: the world's size / (tp x pp))")->check(CLI::Range(0, 1 << 16));
   app.add_option("--tp", o.tp, "Tensor-parallel ranks per replica (consecutive ranks: one node's)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--pp", o.pp, "Pipeline stages (only 1 for now)")->check(CLI::Range(1, 64));
+  app.add_option("--pp", o.pp, "Pipeline stages (consecutive blocks each; 1F1B schedule)")->check(CLI::Range(1, 64));
+  app.add_option("--microbatches", o.microbatches,
+                 "Micro-batches per step and data-parallel replica under --pp > 1 (0: --pp)")
+      ->check(CLI::Range(0, 1 << 16));
   app.add_flag("--sequence-parallel", o.sequence_parallel,
                "Keep the activations between blocks sharded along the sequence over the TP group");
   app.add_option("--zero", o.zero,
@@ -82,9 +85,9 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
     std::exit(2);
   };
   const auto n = [](auto v) { return std::to_string(v); };
-  if (o.pp > 1)
-    refuse("--pp " + n(o.pp) + ": pipelines for the GPT example are not wired yet; use --pp 1 (the mesh's "
-           "data x tensor parallel dimensions and --zero work)");
+  if (o.pp > o.layers)
+    refuse("--pp " + n(o.pp) + " stages cannot split --layers " + n(o.layers) +
+           " blocks (each stage needs at least one); use --pp " + n(o.layers) + " or fewer, or more --layers");
   if (o.amp == "fp16")
     refuse("--amp fp16 needs a GradScaler, which the GPT example does not wire; use --amp bf16 (or none)");
   if (o.heads % o.tp != 0)
@@ -104,6 +107,7 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   if (o.dp > 0 && o.batch_size % o.dp != 0)
     refuse("--batch-size " + n(o.batch_size) + " cannot be split evenly over --dp " + n(o.dp) +
            " replicas; make it a multiple of --dp");
+  if (o.microbatches == 0) o.microbatches = o.pp;
   if (o.warmup_steps < 0) o.warmup_steps = o.steps / 10;
   return o;
 }

@@ -11,6 +11,7 @@ struct GptTrainerOptions {
   int dp = 0;  // 0: the world's size / (tp x pp)
   int tp = 2;
   int pp = 1;
+  int microbatches = 0;  // per step and data rank, under --pp > 1 (1F1B); 0: --pp
   bool sequence_parallel = false;
   int zero = 0;                 // over the data-parallel dimension
   std::string amp = "none";     // none | bf16

@@ -8,7 +8,8 @@
 //   sharded_gradients.cpp  --zero 2: no DDP; the ZeRO-2 optimizer reduces the gradients
 //   fully_sharded.cpp      --zero 3: every block a cohort::zero::FullyShard unit over
 //                          the data group
-//   (pipeline_parallel.cpp --pp > 1 will slot in here: not wired yet)
+//   pipeline_parallel.cpp  --pp > 1: this rank's stage of a GptPipeline (pipeline.h),
+//                          1F1B over --microbatches, DDP (and --zero 1) over the data group
 //   mixed_precision.cpp    --amp, used by each of them
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -18,8 +19,10 @@
 
 #include "cohort/comm/device_mesh.h"
 #include "cohort/zero/fully_shard.h"
+#include "cohort/comm/world.h"
 #include "model.h"
 #include "options.h"
+#include "pipeline.h"
 
 namespace gpt {
 
@@ -37,6 +40,11 @@ class Strategy {
   virtual at::Tensor infer(const at::Tensor& ids) { return forward(ids); }
   // The sharded model under --zero 3 (its optimizer is built over the shards).
   virtual const cohort::zero::FullyShardedModel* fully_sharded() const { return nullptr; }
+  // The pipeline under --pp > 1, else null. A pipeline has no whole-model forward on
+  // one rank: the trainer steps it with GptPipeline::step, evaluation and sampling
+  // run Pipeline::forward (only the last stage gets logits), and forward() and
+  // infer() throw.
+  virtual GptPipeline* pipeline() { return nullptr; }
   // How gradients cross the data group, for the final JSON line.
   virtual std::string name() const = 0;
 };
@@ -45,5 +53,9 @@ class Strategy {
 std::unique_ptr<Strategy> make_data_parallel(Gpt model, cohort::comm::DeviceMesh& mesh);
 std::unique_ptr<Strategy> make_sharded_gradients(Gpt model, cohort::comm::DeviceMesh& mesh);
 std::unique_ptr<Strategy> make_fully_sharded(Gpt model, cohort::comm::DeviceMesh& mesh);
+// Collective over the world (the pipeline's and the tied embeddings' groups).
+std::unique_ptr<Strategy> make_pipeline_parallel(Gpt model, const cohort::comm::World& world,
+                                                 cohort::comm::DeviceMesh& mesh, const GptTrainerOptions& o,
+                                                 c10::Device device);
 
 }  // namespace gpt

@@ -14,6 +14,7 @@
 #include "cohort/errors.h"
 #include "cohort/system/cuda.h"
 #include "cohort/tensor_parallel/block.h"
+#include "cohort/tensor_parallel/composition.h"
 #include "corpus.h"
 #include "evaluate.h"
 #include "mixed_precision.h"
@@ -46,9 +47,35 @@ double peak_rss_mb() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
-std::unique_ptr<Strategy> parallelize(const GptTrainerOptions& o, Gpt model, cohort::comm::DeviceMesh& mesh) {
+// What the mesh and the flags combine to, refused before anything is built when
+// cohort cannot run it (or has not proven it equal to one process), naming the flags.
+void check_flags(const GptTrainerOptions& o, cohort::comm::DeviceMesh& mesh) {
+  const int dp = mesh.size(MeshDim::kData), pp = mesh.size(MeshDim::kPipeline), tp = mesh.size(MeshDim::kTensor);
+  try {
+    cohort::tensor_parallel::check_composition(cohort::tensor_parallel::Composition()
+                                                   .data(dp)
+                                                   .pipeline(pp)
+                                                   .tensor(tp)
+                                                   .zero(o.zero)
+                                                   .sequence_parallel(o.sequence_parallel));
+  } catch (const cohort::ConfigError& e) {
+    throw cohort::ConfigError(fmt::format("gpt: --dp {} --pp {} --tp {} --zero {}{} cannot run together: {}", dp, pp,
+                                          tp, o.zero, o.sequence_parallel ? " --sequence-parallel" : "", e.what()));
+  }
+  // Pipeline::step cuts each replica's rows into the micro-batches.
+  const std::int64_t rows = o.batch_size / dp;
+  if (pp > 1 && rows < o.microbatches)
+    throw cohort::ConfigError(fmt::format("gpt: --microbatches {} is more than the {} rows each of the {} data-parallel "
+                                          "replicas gets of --batch-size {}; use --microbatches {} or fewer, or a "
+                                          "larger --batch-size",
+                                          o.microbatches, rows, dp, o.batch_size, rows));
+}
+
+std::unique_ptr<Strategy> parallelize(const GptTrainerOptions& o, Gpt model, const cohort::comm::World& world,
+                                      cohort::comm::DeviceMesh& mesh, c10::Device device) {
+  // A pipeline recomputes per stage (PipelineOptions::recompute), not per block.
+  if (mesh.size(MeshDim::kPipeline) > 1) return make_pipeline_parallel(std::move(model), world, mesh, o, device);
   if (o.activation_checkpointing) model->use_activation_checkpointing();
-  // --pp > 1 (pipeline_parallel.cpp) will slot in here; options.cpp refuses it for now.
   if (o.zero == 3) return make_fully_sharded(std::move(model), mesh);
   if (o.zero == 2) return make_sharded_gradients(std::move(model), mesh);
   return make_data_parallel(std::move(model), mesh);
@@ -68,6 +95,7 @@ int train(const GptTrainerOptions& o) {
   auto& tp = mesh.group(MeshDim::kTensor);
   auto& data = mesh.group(MeshDim::kData);
   const int dp = mesh.size(MeshDim::kData);
+  check_flags(o, mesh);
   if (o.batch_size % dp != 0)
     throw cohort::ConfigError(fmt::format("gpt: --batch-size {} cannot be split evenly over the {} data-parallel "
                                           "replicas ({}); make it a multiple of {}",
@@ -107,7 +135,8 @@ int train(const GptTrainerOptions& o) {
   model->to(device);
   if (!o.save_initial.empty()) save_whole_state(*model, tp, lead, o.save_initial);
   const double params = static_cast<double>(model->whole_parameter_count());
-  auto strategy = parallelize(o, model, mesh);
+  auto strategy = parallelize(o, model, world, mesh, device);
+  GptPipeline* const pipe = strategy->pipeline();
   auto optimizer = make_optimizer(o, *strategy, mesh);
   autocast(o.amp, device);  // refuses what autocast cannot do here, at start rather than mid-step
   const double peak_gflops = measure_peak_gflops(world, device);
@@ -133,19 +162,27 @@ int train(const GptTrainerOptions& o) {
     for (auto& group : optimizer->param_groups()) group.options().set_lr(learning_rate(o, s));
     optimizer->zero_grad();
     auto batch = training_batch(tokens.train, s, o.batch_size, o.context, data.rank(), dp);
-    at::Tensor logits;
-    {
-      auto guard = autocast(o.amp, device);
-      logits = strategy->forward(batch.inputs.to(device));
+    at::Tensor mean;  // the batch's loss: the same on every TP rank (and pipeline stage)
+    if (pipe) {
+      // Forward and backward of every micro-batch; the tied copies' and (under
+      // sequence parallelism) the replicated parameters' gradients summed.
+      const auto result = pipe->step(batch.inputs.to(device), batch.targets.to(device));
+      mean = torch::tensor({result.loss}, torch::dtype(torch::kFloat64).device(device));
+    } else {
+      at::Tensor logits;
+      {
+        auto guard = autocast(o.amp, device);
+        logits = strategy->forward(batch.inputs.to(device));
+      }
+      auto loss = strategy->gpt().loss(logits.to(torch::kFloat), batch.targets.to(device));
+      loss.backward();
+      // Under sequence parallelism each TP rank's gradients of the replicated
+      // parameters cover only its shard of the sequence (docs/tensor_parallel.md).
+      if (o.sequence_parallel) cohort::tensor_parallel::sum_replicated_gradients(strategy->model(), tp);
+      mean = loss.detach().to(torch::kFloat64).reshape({1});
     }
-    auto loss = strategy->gpt().loss(logits.to(torch::kFloat), batch.targets.to(device));
-    loss.backward();
-    // Under sequence parallelism each TP rank's gradients of the replicated
-    // parameters cover only its shard of the sequence (docs/tensor_parallel.md).
-    if (o.sequence_parallel) cohort::tensor_parallel::sum_replicated_gradients(strategy->model(), tp);
     optimizer->step();
-    // The batch's loss: the same on every TP rank, averaged over the replicas.
-    auto mean = loss.detach().to(torch::kFloat64).reshape({1});
+    // Averaged over the replicas.
     if (dp > 1) data.all_reduce(mean, cohort::comm::ReduceOp::kAvg);
     last_loss = mean.item<double>();
     train_s += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -164,7 +201,7 @@ int train(const GptTrainerOptions& o) {
   }
 
   Tokenizer tokenizer(tokens.folder);
-  const auto texts = sample_texts(*strategy, tokenizer, tokens.vocab_size, tokens.eos_id, o, mesh, device);
+  const auto texts = sample_texts(*strategy, tokenizer, tokens.vocab_size, tokens.eos_id, o, world, mesh, device);
   auto rss = torch::tensor({peak_rss_mb()}, torch::dtype(torch::kFloat64).device(device));
   world.group().all_reduce(rss, cohort::comm::ReduceOp::kMax);
   if (lead) {
@@ -185,6 +222,7 @@ int train(const GptTrainerOptions& o) {
         {"dp", dp},
         {"tp", mesh.size(MeshDim::kTensor)},
         {"pp", mesh.size(MeshDim::kPipeline)},
+        {"microbatches", pipe ? o.microbatches : 1},
         {"sequence_parallel", o.sequence_parallel},
         {"steps", o.steps},
         {"batch_size", o.batch_size},

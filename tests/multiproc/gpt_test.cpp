@@ -75,12 +75,29 @@ TEST(GptTrainer, ZeroThreeOverTwoReplicas) {
   EXPECT_EQ(summary(r.out).at("dp").get<int>(), 2);
 }
 
+TEST(GptTrainer, PipelineOfTwoStages) {
+  cohort::testing::TempDir cache("cohort-gpt-test");
+  auto args = kTiny;
+  // Two stages need two blocks; four micro-batches of the batch's 8 rows under 1F1B.
+  args.at(1) = "2";
+  args.insert(args.end(), {"--tp", "1", "--pp", "2", "--microbatches", "4"});
+  const auto r = run_gpt(cache.path, args);
+  expect_trained(r);
+  const auto j = summary(r.out);
+  EXPECT_EQ(j.at("pp").get<int>(), 2);
+  EXPECT_EQ(j.at("dp").get<int>(), 1);
+  EXPECT_EQ(j.at("microbatches").get<int>(), 4);
+  EXPECT_EQ(j.at("comm_hook").get<std::string>(), "pipeline");
+}
+
 TEST(GptTrainer, ImpossibleFlagsSayWhy) {
   cohort::testing::TempDir cache("cohort-gpt-test");
-  auto pipeline = run_gpt(cache.path, {"--pp", "2"});
-  EXPECT_NE(pipeline.exit_code, 0) << describe(pipeline);
-  EXPECT_NE((pipeline.out + pipeline.err).find("pipelines for the GPT example are not wired yet"), std::string::npos)
-      << describe(pipeline);
+  auto sharded = run_gpt(cache.path, {"--tp", "1", "--pp", "2", "--zero", "3"});
+  EXPECT_NE(sharded.exit_code, 0) << describe(sharded);
+  EXPECT_NE((sharded.out + sharded.err).find("--pp 2 --tp 1 --zero 3 cannot run together"), std::string::npos)
+      << describe(sharded);
+  EXPECT_NE((sharded.out + sharded.err).find("ZeRO-3 cannot shard a pipeline's stages"), std::string::npos)
+      << describe(sharded);
   auto heads = run_gpt(cache.path, {"--heads", "3"});
   EXPECT_NE(heads.exit_code, 0) << describe(heads);
   EXPECT_NE((heads.out + heads.err).find("make --heads a multiple of --tp"), std::string::npos) << describe(heads);
