@@ -304,4 +304,21 @@ TEST(TensorParallelCheckpoint, AZeroOptimizerIsRefusedOnEveryRank) {
   });
 }
 
+TEST(TensorParallelCheckpoint, ACheckpointerGroupWithoutWholeTpGroupsIsRefused) {
+  cohort::testing::TempDir temp("cohort-tp-ckpt");
+  cohort::testing::run_thread_world(2, [&](World& w) {
+    auto first = w.new_group({0});  // collective; rank 1 gets a non-member's handle
+    Net net = make_net(w.group(), 3);
+    auto opt = adam(net);
+    if (w.rank() != 0) return;
+    try {
+      ckpt::Checkpointer(temp.path, first, split_options()).save(*net, *opt, {1, 0, 1, std::nullopt}, torch::kCPU);
+      ADD_FAILURE() << "saved half a TP group";
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("whose global rank 1 is not in the checkpointer's group"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 }  // namespace

@@ -127,19 +127,27 @@ std::string Checkpointer::save_split(const torch::nn::Module& model, const torch
                       "(cohort::zero::ShardedOptimizer, or shard_optimizer_state) is not supported yet: its state "
                       "is spread over the DP ranks and each rank's share is of TP slices. Use a plain optimizer "
                       "(its state is whole on every DP replica), or leave tensor parallelism off");
-  const int writer = group_.global_ranks()[0];
+  const auto& ours = group_.global_ranks();
+  const int writer = ours[0];
   std::vector<ParameterSplit> splits;
+  std::string error;
   for (auto& s : options_.split_parameters()(model)) {
     const auto& members = s.group.global_ranks();
+    // The gathers run over TP groups: every member must be saving with us.
+    for (int m : members)
+      if (error.empty() && std::find(ours.begin(), ours.end(), m) == ours.end())
+        error = fmt::format("CheckpointerOptions::split_parameters: '{}' is split over TP group '{}', whose global "
+                            "rank {} is not in the checkpointer's group '{}'; give the Checkpointer a group made of "
+                            "whole TP groups (the world's)",
+                            s.name, s.group.name(), m, group_.name());
     if (std::find(members.begin(), members.end(), writer) != members.end()) splits.push_back(std::move(s));
   }
   // Ranks outside the writer's TP group skip the gathers, so a failure in them (an
   // optimizer of unknown state) must reach them before they wait for the writer.
   std::optional<c10::Dict<std::string, at::Tensor>> whole_model;
   std::optional<WholeOptimizerState> whole_optimizer;
-  std::string error;
   try {
-    if (group_.rank() == 0 || !splits.empty()) {
+    if (error.empty() && (group_.rank() == 0 || !splits.empty())) {
       whole_model = whole_state_dict(model, splits);
       whole_optimizer.emplace(optimizer, model, splits);
     }

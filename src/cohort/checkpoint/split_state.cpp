@@ -27,10 +27,12 @@ namespace cohort::checkpoint {
 // own chunk: the layers split into equal chunks in TP-rank order, so chunk r of T is
 // all a rank needs to know. The alternative, one file per TP rank, saves the gather
 // but ties a checkpoint to its TP size, and every reader (Python included) would
-// have to know how each layer splits. The cost is the gather at save: each rank of a
-// TP group briefly holds each split parameter and its state whole, one at a time,
-// and global rank 0 writes them. DP replicas hold the same numbers, so a checkpoint
-// does not depend on the DP size either.
+// have to know how each layer splits. The cost is the gather at save: for the moment
+// of the save, each rank of global rank 0's TP group holds the whole model and its
+// optimizer state (an all-gather gives every member every chunk), and rank 0 writes
+// them. DP replicas hold the same numbers, so the other TP groups gather nothing,
+// and a checkpoint does not depend on the DP size either. The checkpointer's group
+// must hold whole TP groups (the world does), since they gather inside it.
 //
 // The optimizer's state is found by type (SGD, Adam, AdamW, RMSprop, Adagrad): the
 // tensors of the parameter's shape are split as it is; the rest (Adam's step) is
