@@ -124,9 +124,10 @@ std::string Checkpointer::save_split(const torch::nn::Module& model, const torch
   if (options_.shard_optimizer_state() || dynamic_cast<const GathersStateForSave*>(&optimizer) != nullptr ||
       dynamic_cast<const SavesStateInShards*>(&optimizer) != nullptr)
     throw ConfigError("CheckpointerOptions::split_parameters (a tensor-parallel model) with a ZeRO optimizer "
-                      "(cohort::zero::ShardedOptimizer, or shard_optimizer_state) is not supported yet: its state "
-                      "is spread over the DP ranks and each rank's share is of TP slices. Use a plain optimizer "
-                      "(its state is whole on every DP replica), or leave tensor parallelism off");
+                      "(cohort::zero::ShardedOptimizer or FullyShardedOptimizer, or shard_optimizer_state) is not "
+                      "supported yet: its state is spread over the DP ranks and each rank's share is of TP "
+                      "slices. Use a plain optimizer (its state is whole on every DP replica), or leave tensor "
+                      "parallelism off");
   const auto& ours = group_.global_ranks();
   const int writer = ours[0];
   std::vector<ParameterSplit> splits;
