@@ -26,6 +26,8 @@
 // any world size reshards it on load (Note [Sharded checkpoints]). Every rank
 // then writes into the directory too. `cohort checkpoint consolidate` turns such a
 // checkpoint into one file that Python reads (checkpoint/consolidate.h).
+// With split_parameters (tensor parallelism), model.pt and optimizer.pt hold every
+// parameter whole, as one process would (checkpoint/split_state.h).
 // Note [Checkpoint directories]: the directory is written under a temporary name, each
 // file and the directory are fsync'ed, and it is renamed into place (Note [Atomic
 // replace]), so a `step-*` directory is always complete. The manifest's checksums
@@ -43,6 +45,7 @@
 #include <vector>
 
 #include "cohort/checkpoint/sharded_state.h"
+#include "cohort/checkpoint/split_state.h"
 #include "cohort/comm/group.h"
 #include "cohort/data/distributed_sampler.h"
 
@@ -59,6 +62,12 @@ struct CheckpointerOptions {
   // must be the checkpointer's. Any other optimizer is refused with a ConfigError.
   // Loading needs no option: the manifest says how a checkpoint was saved.
   TORCH_ARG(bool, shard_optimizer_state) = false;
+  // For a model split over TP groups: finds its split parameters
+  // (cohort::tensor_parallel::parameter_splits). Saving gathers them, and their
+  // optimizer state, whole; loading keeps this rank's chunk, so a checkpoint loads
+  // at any TP and DP size (Note [Checkpoints hold whole tensors]). Give it when
+  // loading too. Not with a ZeRO optimizer (refused with a ConfigError).
+  TORCH_ARG(SplitsOf, split_parameters) = nullptr;
 };
 
 struct TrainingProgress {
@@ -112,6 +121,13 @@ class Checkpointer {
   std::optional<std::int64_t> newest_good_step(std::optional<std::int64_t> at_most) const;
   void write(const std::string& final_path, const std::vector<std::string>& files,
              const std::vector<std::string>& contents) const;
+  std::string save_whole(const TrainingProgress& progress, c10::Device device,
+                         const std::function<std::string()>& model_bytes,
+                         const std::function<std::string()>& optimizer_state_bytes,
+                         const std::vector<std::vector<at::Tensor>>& rng);
+  std::string save_split(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                         const TrainingProgress& progress, c10::Device device,
+                         const std::vector<std::vector<at::Tensor>>& rng);
   std::string save_sharded(const torch::nn::Module& model, const SavesStateInShards& optimizer,
                            const TrainingProgress& progress, c10::Device device,
                            const std::vector<std::vector<at::Tensor>>& rng);

@@ -1,9 +1,11 @@
 #pragma once
 // The collective helpers that Checkpointer's save and load share. Internal: not
 // installed, included by checkpointer*.cpp only.
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cohort/comm/group.h"
 
@@ -20,5 +22,8 @@ inline std::int64_t max_over_ranks(comm::Group& group, std::int64_t code, c10::D
 inline bool any_rank(comm::Group& group, bool failed, c10::Device device) {
   return max_over_ranks(group, failed ? 1 : 0, device) != 0;
 }
+
+// LibTorch's serialized optimizer state (optimizer.pt).
+std::string optimizer_bytes(const torch::optim::Optimizer& optimizer);
 
 }  // namespace cohort::checkpoint

@@ -9,9 +9,11 @@
 #include <sstream>
 
 #include "cohort/checkpoint/checkpointer_internal.h"
+#include "cohort/checkpoint/gathered_state.h"
 #include "cohort/checkpoint/manifest.h"
 #include "cohort/checkpoint/rng_state.h"
 #include "cohort/checkpoint/state_dict.h"
+#include "cohort/checkpoint/torch_format.h"
 #include "cohort/checkpoint/trainer_state.h"
 #include "cohort/errors.h"
 
@@ -49,6 +51,31 @@ void load_optimizer_shards(torch::optim::Optimizer& optimizer, const std::string
   sharded->load_shards(manifest.shards->layout, [&](int k) {
     return read_listed(path, manifest, manifest.shards->files.at(static_cast<std::size_t>(k)));
   });
+}
+
+// Note [Checkpoints hold whole tensors] (split_state.cpp): this rank's chunk of
+// each split parameter.
+CheckedStateDict check_split_state_dict(torch::nn::Module& model, const std::string& bytes, const std::string& source,
+                                        const std::vector<ParameterSplit>& splits) {
+  auto value = torch_load_bytes(bytes, source);
+  if (value.isGenericDict()) value = slice_state_dict(value.toGenericDict(), model, splits, source);
+  return check_state_dict(model, value, source);
+}
+
+// The whole optimizer state, then this rank's chunk of each split parameter's; on a
+// refusal the optimizer takes back what it held (Note [Nothing changes until
+// everything fits]).
+void load_split_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module& model, const std::string& bytes,
+                          const std::string& source, c10::Device device, const std::vector<ParameterSplit>& splits) {
+  const std::string before = optimizer_bytes(optimizer);
+  load_optimizer(optimizer, bytes, source, device);
+  try {
+    slice_optimizer_state(optimizer, model, splits, source);
+  } catch (...) {
+    optimizer.state().clear();  // loading adds states, it never removes one
+    load_optimizer(optimizer, before, "the optimizer's own state", device);
+    throw;
+  }
 }
 
 }  // namespace
@@ -104,8 +131,21 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
   // Note [Nothing changes until everything fits]: the model is checked, then the
   // optimizer loads (it changes nothing when it refuses), and only then does the
   // model take the saved weights. A refused checkpoint leaves both as they were.
-  const auto checked_model = check_state_dict(model, model_bytes, path + "/model.pt");
-  if (manifest.shards) {
+  std::vector<ParameterSplit> splits;
+  if (options_.split_parameters()) {
+    if (manifest.shards || dynamic_cast<SavesStateInShards*>(&optimizer) != nullptr ||
+        dynamic_cast<GathersStateForSave*>(&optimizer) != nullptr)
+      throw ConfigError(fmt::format("{}: CheckpointerOptions::split_parameters (a tensor-parallel model) with a ZeRO "
+                                    "optimizer or a checkpoint of one is not supported yet; load it with a plain "
+                                    "optimizer, or without tensor parallelism",
+                                    path));
+    splits = options_.split_parameters()(model);
+  }
+  const auto checked_model = splits.empty() ? check_state_dict(model, model_bytes, path + "/model.pt")
+                                            : check_split_state_dict(model, model_bytes, path + "/model.pt", splits);
+  if (!splits.empty()) {
+    load_split_optimizer(optimizer, model, optimizer_file, path + "/optimizer.pt", device, splits);
+  } else if (manifest.shards) {
     // Ranks read different shards, so one may fail alone: all answer together.
     std::int64_t code = 0;  // 1: unreadable (DataError), 2: does not fit (ConfigError)
     try {

@@ -7,7 +7,9 @@
 #include <torch/serialize/output-archive.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "cohort/checkpoint/atomic_file.h"
@@ -16,6 +18,7 @@
 #include "cohort/checkpoint/manifest.h"
 #include "cohort/checkpoint/rng_state.h"
 #include "cohort/checkpoint/state_dict.h"
+#include "cohort/checkpoint/torch_format.h"
 #include "cohort/checkpoint/trainer_state.h"
 #include "cohort/errors.h"
 
@@ -45,6 +48,8 @@ void raise_unless_saved(std::int64_t outcome, int rank, const std::string& path,
   }
 }
 
+}  // namespace
+
 std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);
@@ -52,8 +57,6 @@ std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
   archive.save_to(out);
   return out.str();
 }
-
-}  // namespace
 
 std::string Checkpointer::save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                                const TrainingProgress& progress, c10::Device device) {
@@ -63,6 +66,7 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
     const auto parts = group_.all_gather(state.to(device));
     for (std::size_t r = 0; r < parts.size(); ++r) rng[r].push_back(parts[r].cpu());
   }
+  if (options_.split_parameters()) return save_split(model, optimizer, progress, device, rng);
   if (options_.shard_optimizer_state()) {
     // The same answer on every rank: each has the same kind of optimizer.
     const auto* sharded = dynamic_cast<const SavesStateInShards*>(&optimizer);
@@ -80,6 +84,15 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
       if (spread) spread->release_gathered_state();
     }
   } release{spread};
+  return save_whole(progress, device, [&] { return state_dict_bytes(model); },
+                    [&] { return optimizer_bytes(optimizer); }, rng);
+}
+
+// Rank 0 writes model.pt, optimizer.pt and trainer.pt into step-N.
+std::string Checkpointer::save_whole(const TrainingProgress& progress, c10::Device device,
+                                     const std::function<std::string()>& model_bytes,
+                                     const std::function<std::string()>& optimizer_state_bytes,
+                                     const std::vector<std::vector<at::Tensor>>& rng) {
   const std::string path = path_of(progress.step);
   std::string error;
   SaveOutcome outcome = kSaved;
@@ -89,9 +102,8 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
   }
   if (group_.rank() == 0 && outcome == kSaved) {
     try {
-      const std::vector<std::string> contents = {
-          state_dict_bytes(model), optimizer_bytes(optimizer),
-          encode_trainer_state(progress, rng)};
+      const std::vector<std::string> contents = {model_bytes(), optimizer_state_bytes(),
+                                                 encode_trainer_state(progress, rng)};
       write(path, kFiles, contents);
     } catch (const std::exception& e) {
       error = e.what();
@@ -101,6 +113,55 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
   }
   raise_unless_saved(max_over_ranks(group_, outcome, device), group_.rank(), path, error);
   return path;
+}
+
+// A model split over TP groups, saved whole (Note [Checkpoints hold whole tensors]):
+// the TP group of the writer (rank 0) gathers every split parameter and its
+// optimizer state; the other TP groups, DP replicas of it, have nothing to do.
+std::string Checkpointer::save_split(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                                     const TrainingProgress& progress, c10::Device device,
+                                     const std::vector<std::vector<at::Tensor>>& rng) {
+  if (options_.shard_optimizer_state() || dynamic_cast<const GathersStateForSave*>(&optimizer) != nullptr ||
+      dynamic_cast<const SavesStateInShards*>(&optimizer) != nullptr)
+    throw ConfigError("CheckpointerOptions::split_parameters (a tensor-parallel model) with a ZeRO optimizer "
+                      "(cohort::zero::ShardedOptimizer or FullyShardedOptimizer, or shard_optimizer_state) is not "
+                      "supported yet: its state is spread over the DP ranks and each rank's share is of TP "
+                      "slices. Use a plain optimizer (its state is whole on every DP replica), or leave tensor "
+                      "parallelism off");
+  const auto& ours = group_.global_ranks();
+  const int writer = ours[0];
+  std::vector<ParameterSplit> splits;
+  std::string error;
+  for (auto& s : options_.split_parameters()(model)) {
+    const auto& members = s.group.global_ranks();
+    // The gathers run over TP groups: every member must be saving with us.
+    for (int m : members)
+      if (error.empty() && std::find(ours.begin(), ours.end(), m) == ours.end())
+        error = fmt::format("CheckpointerOptions::split_parameters: '{}' is split over TP group '{}', whose global "
+                            "rank {} is not in the checkpointer's group '{}'; give the Checkpointer a group made of "
+                            "whole TP groups (the world's)",
+                            s.name, s.group.name(), m, group_.name());
+    if (std::find(members.begin(), members.end(), writer) != members.end()) splits.push_back(std::move(s));
+  }
+  // Ranks outside the writer's TP group skip the gathers, so a failure in them (an
+  // optimizer of unknown state) must reach them before they wait for the writer.
+  std::optional<c10::Dict<std::string, at::Tensor>> whole_model;
+  std::optional<WholeOptimizerState> whole_optimizer;
+  try {
+    if (error.empty() && (group_.rank() == 0 || !splits.empty())) {
+      whole_model = whole_state_dict(model, splits);
+      whole_optimizer.emplace(optimizer, model, splits);
+    }
+  } catch (const ConfigError& e) {
+    error = e.what();
+  }
+  if (any_rank(group_, !error.empty(), device))
+    throw ConfigError(error.empty() ? fmt::format("rank 0's TP group could not gather the checkpoint of step {}; "
+                                                  "its log says why",
+                                                  progress.step)
+                                    : error);
+  return save_whole(progress, device, [&] { return torch_save_bytes(*whole_model); },
+                    [&] { return optimizer_bytes(optimizer); }, rng);
 }
 
 // Note [Sharded checkpoints]

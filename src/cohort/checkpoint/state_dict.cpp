@@ -58,7 +58,10 @@ void CheckedStateDict::apply() const {
 }
 
 CheckedStateDict check_state_dict(torch::nn::Module& module, const std::string& bytes, const std::string& source) {
-  const c10::IValue value = torch_load_bytes(bytes, source);
+  return check_state_dict(module, torch_load_bytes(bytes, source), source);
+}
+
+CheckedStateDict check_state_dict(torch::nn::Module& module, const c10::IValue& value, const std::string& source) {
   if (!value.isGenericDict()) {
     throw DataError(fmt::format("{}: holds a {}, not a state dict (dict[str, Tensor])", source,
                                 value.tagKind()));

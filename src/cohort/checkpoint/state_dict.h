@@ -40,10 +40,13 @@ class CheckedStateDict {
   void apply() const;
 
  private:
-  friend CheckedStateDict check_state_dict(torch::nn::Module&, const std::string&, const std::string&);
+  friend CheckedStateDict check_state_dict(torch::nn::Module&, const c10::IValue&, const std::string&);
   std::vector<std::pair<at::Tensor, at::Tensor>> copies_;  // (the module's tensor, the saved one)
 };
 CheckedStateDict check_state_dict(torch::nn::Module& module, const std::string& bytes, const std::string& source);
+// The same for a state dict already read (torch_load_bytes), e.g. one sliced for
+// tensor parallelism (split_state.h).
+CheckedStateDict check_state_dict(torch::nn::Module& module, const c10::IValue& value, const std::string& source);
 void load_state_dict_file(torch::nn::Module& module, const std::string& path);
 
 }  // namespace cohort::checkpoint

@@ -61,6 +61,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   // This rank's [first, last) of the whole layer's outputs.
   std::int64_t first_output() const;
   std::int64_t last_output() const;
+  const comm::Group& group() const { return group_; }
   void pretty_print(std::ostream& stream) const override;
 
   ColumnParallelLinearOptions options;
@@ -96,6 +97,7 @@ class RowParallelLinearImpl : public torch::nn::Module {
   void load_whole(const torch::nn::Linear& whole);
   std::int64_t first_input() const;
   std::int64_t last_input() const;
+  const comm::Group& group() const { return group_; }
   void pretty_print(std::ostream& stream) const override;
 
   RowParallelLinearOptions options;
