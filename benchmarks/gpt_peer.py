@@ -18,7 +18,8 @@ same sharded table as a DTensor, and the loss runs under loss_parallel(), so the
 whole logits are never gathered, as in cohort.
 
 Rank 0 prints "step N loss X" per step with --log-losses, and one JSON line at the
-end: tokens per second over the timed steps (after --timing-warmup), median step time.
+end: tokens per second as examples/gpt reports it (all steps' tokens over all
+steps' time), and the median step time after --timing-warmup steps.
 """
 import argparse
 import json
@@ -175,12 +176,12 @@ def main():
 
     from torch.distributed.tensor.parallel import loss_parallel
 
-    times = []
+    times, all_times = [], []
     for step in range(args.steps):
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, args)
+        start = time.perf_counter()  # as examples/gpt times a step: batch, step, loss value
         x, y = batch(tokens, step, args, dp_rank, dp_size)
-        start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         logits = net(x)
         if args.tp > 1:
@@ -192,21 +193,25 @@ def main():
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
             loss.backward()
         opt.step()
-        elapsed = time.perf_counter() - start
-        if step >= args.timing_warmup:
-            times.append(elapsed)
         value = float(loss.detach())
         if dp_size > 1:
             t = torch.tensor([value], dtype=torch.float64)
             dist.all_reduce(t, group=mesh["dp"].get_group())
             value = float(t) / dp_size
+        elapsed = time.perf_counter() - start
+        all_times.append(elapsed)
+        if step >= args.timing_warmup:
+            times.append(elapsed)
         if rank == 0 and args.log_losses:
             print(f"step {step + 1} loss {value:.6f}", flush=True)
     median = statistics.median(times) if times else float("nan")
     if rank == 0:
         print(json.dumps({"peer": "pytorch", "torch": torch.__version__, "tp": args.tp, "dp": dp_size,
                           "steps_timed": len(times), "median_step_s": median,
-                          "tokens_per_second": args.batch_size * args.context / median}), flush=True)
+                          "median_tokens_per_second": args.batch_size * args.context / median,
+                          # examples/gpt's definition: every step's tokens over every step's time
+                          "tokens_per_second": args.steps * args.batch_size * args.context / sum(all_times)}),
+              flush=True)
     dist.destroy_process_group()
 
 

@@ -15,6 +15,8 @@
 #include "cohort/system/cuda.h"
 #include "cohort/tensor_parallel/block.h"
 #include "cohort/tensor_parallel/composition.h"
+#include "cohort/trace/timeline.h"
+#include "cohort/trace/world_timeline.h"
 #include "corpus.h"
 #include "evaluate.h"
 #include "mixed_precision.h"
@@ -86,9 +88,12 @@ std::unique_ptr<Strategy> parallelize(const GptTrainerOptions& o, Gpt model, con
 int train(const GptTrainerOptions& o) {
   const auto started = Clock::now();
   // Note [--device cpu on a GPU machine] (examples/fashion_mnist/trainer.cpp).
-  cohort::comm::InitOptions init;
+  // `cohort run --timeline DIR` draws each step's collectives (docs/timeline.md);
+  // benchmarks/compare_gpt.sh counts the TP all-reduce bytes from it.
+  auto init = cohort::trace::traced();
   if (o.device == "cpu") init.backend("gloo");
   auto world = cohort::comm::World::init(init);
+  auto timeline = cohort::trace::timeline_of(world);
   const bool lead = world.rank() == 0;
   const c10::Device device = choose_device(o, world);
   cohort::comm::DeviceMesh mesh(world, cohort::comm::MeshShape().data(o.dp).pipeline(o.pp).tensor(o.tp));
@@ -158,6 +163,7 @@ int train(const GptTrainerOptions& o) {
   run_eval(0);
   auto last_line = Clock::now();
   for (std::int64_t s = 0; s < o.steps; ++s) {
+    cohort::trace::step(timeline.get(), s + 1);
     const auto t0 = Clock::now();
     for (auto& group : optimizer->param_groups()) group.options().set_lr(learning_rate(o, s));
     optimizer->zero_grad();
