@@ -69,6 +69,14 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--dump-data", o.dump_data,
                  "Write train.bin and val.bin (int32 little-endian token ids) and meta.json to this folder");
   app.add_flag("--log-losses", o.log_losses, "Print every step's training loss as `step N loss X`");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "Save checkpoints here, and resume from the newest one at start (any --tp and --dp)");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "Steps between checkpoints under --checkpoint-dir (0: only at the end); the last step is always saved")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--stop-after", o.stop_after,
+                 "Save a checkpoint after this step and exit, as an interrupted run would (needs --checkpoint-dir)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--log-interval", o.log_interval_s, "Seconds between progress lines")
       ->check(CLI::Range(0.0, 3600.0));
   try {
@@ -107,6 +115,9 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   if (o.dp > 0 && o.batch_size % o.dp != 0)
     refuse("--batch-size " + n(o.batch_size) + " cannot be split evenly over --dp " + n(o.dp) +
            " replicas; make it a multiple of --dp");
+  if (o.stop_after > 0 && o.checkpoint_dir.empty())
+    refuse("--stop-after " + n(o.stop_after) +
+           " saves a checkpoint to resume from, and there is no --checkpoint-dir; give one");
   if (o.microbatches == 0) o.microbatches = o.pp;
   if (o.warmup_steps < 0) o.warmup_steps = o.steps / 10;
   return o;

@@ -45,6 +45,10 @@ struct GptTrainerOptions {
   std::string save_initial;
   std::string dump_data;
   bool log_losses = false;
+  // Checkpoints (checkpoints.h): none without a directory.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 100;  // steps; 0: only the last (and --stop-after's)
+  std::int64_t stop_after = 0;          // >0: save and exit after this step (for tests)
   double log_interval_s = 10.0;  // seconds between progress lines
 };
 

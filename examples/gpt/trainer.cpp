@@ -4,11 +4,14 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "batches.h"
+#include "checkpoints.h"
 #include "cohort/comm/device_mesh.h"
 #include "cohort/comm/world.h"
 #include "cohort/errors.h"
@@ -105,6 +108,8 @@ int train(const GptTrainerOptions& o) {
     throw cohort::ConfigError(fmt::format("gpt: --batch-size {} cannot be split evenly over the {} data-parallel "
                                           "replicas ({}); make it a multiple of {}",
                                           o.batch_size, dp, mesh.describe(), dp));
+  std::optional<Checkpoints> checkpoints;  // refuses what it cannot save before anything is built
+  if (!o.checkpoint_dir.empty()) checkpoints.emplace(o, world);
 
   // The corpus and its tokens (Note [One builder per node]).
   const auto corpus = split_corpus(read_fortunes(o.fortunes_dir));
@@ -145,6 +150,15 @@ int train(const GptTrainerOptions& o) {
   auto optimizer = make_optimizer(o, *strategy, mesh);
   autocast(o.amp, device);  // refuses what autocast cannot do here, at start rather than mid-step
   const double peak_gflops = measure_peak_gflops(world, device);
+  // Weights, AdamW's state and the generators; the step gives the batches and the
+  // learning rate (Note [The batch rule]).
+  std::int64_t start = 0;
+  if (checkpoints) {
+    if (auto step = checkpoints->resume(*strategy, *optimizer, device)) {
+      start = *step;
+      if (lead) std::cout << fmt::format("gpt: resumed from step {} ({})", start, o.checkpoint_dir) << std::endl;
+    }
+  }
 
   const std::int64_t tokens_per_step = o.batch_size * o.context;
   double train_s = 0, last_loss = 0;
@@ -156,13 +170,13 @@ int train(const GptTrainerOptions& o) {
     if (lead) {
       std::cout << fmt::format("step {:>5}/{}  train loss {:.4f}  val loss {:.4f}  perplexity {:.1f}  {:.0f} tokens/s",
                                step, o.steps, last_loss, eval.loss, eval.perplexity(),
-                               step > 0 ? static_cast<double>(step * tokens_per_step) / train_s : 0.0)
+                               step > start ? static_cast<double>((step - start) * tokens_per_step) / train_s : 0.0)
                 << std::endl;
     }
   };
-  run_eval(0);
+  run_eval(start);
   auto last_line = Clock::now();
-  for (std::int64_t s = 0; s < o.steps; ++s) {
+  for (std::int64_t s = start; s < o.steps; ++s) {
     cohort::trace::step(timeline.get(), s + 1);
     const auto t0 = Clock::now();
     for (auto& group : optimizer->param_groups()) group.options().set_lr(learning_rate(o, s));
@@ -196,13 +210,18 @@ int train(const GptTrainerOptions& o) {
     if (lead && o.log_losses) std::cout << fmt::format("step {} loss {:.6f}", step, last_loss) << std::endl;
     if (lead && !o.log_losses && std::chrono::duration<double>(Clock::now() - last_line).count() >= o.log_interval_s) {
       std::cout << fmt::format("step {:>5}/{}  train loss {:.4f}  {:.0f} tokens/s", step, o.steps, last_loss,
-                               static_cast<double>(step * tokens_per_step) / train_s)
+                               static_cast<double>((step - start) * tokens_per_step) / train_s)
                 << std::endl;
       last_line = Clock::now();
     }
     if ((o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps) {
       if (curve.back().first != step) run_eval(step);
       last_line = Clock::now();
+    }
+    if (checkpoints && checkpoints->due(step)) checkpoints->save(*strategy, *optimizer, step, device);
+    if (step == o.stop_after) {
+      if (lead) std::cout << fmt::format("gpt: stopped after step {} (--stop-after)", step) << std::endl;
+      return 0;
     }
   }
 
@@ -212,8 +231,9 @@ int train(const GptTrainerOptions& o) {
   world.group().all_reduce(rss, cohort::comm::ReduceOp::kMax);
   if (lead) {
     for (std::size_t i = 0; i < texts.size(); ++i) std::cout << fmt::format("sample {}: {}", i + 1, texts[i]) << std::endl;
-    const double tokens_per_second = static_cast<double>(o.steps * tokens_per_step) / std::max(train_s, 1e-9);
-    const double flops = strategy->gpt().training_flops(o.steps * tokens_per_step, o.context) / std::max(train_s, 1e-9);
+    const std::int64_t trained = (o.steps - std::min(start, o.steps)) * tokens_per_step;  // by this run
+    const double tokens_per_second = static_cast<double>(trained) / std::max(train_s, 1e-9);
+    const double flops = strategy->gpt().training_flops(trained, o.context) / std::max(train_s, 1e-9);
     nlohmann::json curve_json = nlohmann::json::array();
     for (const auto& [step, loss] : curve) curve_json.push_back({{"step", step}, {"val_loss", loss}});
     nlohmann::json summary = {
@@ -231,6 +251,7 @@ int train(const GptTrainerOptions& o) {
         {"microbatches", pipe ? o.microbatches : 1},
         {"sequence_parallel", o.sequence_parallel},
         {"steps", o.steps},
+        {"resumed_from_step", start},
         {"batch_size", o.batch_size},
         {"context", o.context},
         {"parameters", params},

@@ -5,6 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <map>
+#include <sstream>
+
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -90,6 +94,59 @@ TEST(GptTrainer, PipelineOfTwoStages) {
   EXPECT_EQ(j.at("comm_hook").get<std::string>(), "pipeline");
 }
 
+// Rank 0's `step N loss X` lines (--log-losses), by step.
+std::map<int, double> losses(const std::string& out) {
+  std::map<int, double> by_step;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    int step = 0;
+    double loss = 0;
+    if (std::sscanf(line.c_str(), "[rank0]: step %d loss %lf", &step, &loss) == 2) by_step[step] = loss;
+  }
+  return by_step;
+}
+
+// Stopped after a checkpoint at step 20 of 30 as TP 2, resumed by the same two
+// processes as DP 2 × TP 1: steps 21..30 and the final validation loss are the
+// uninterrupted run's (to fp32 rounding: the TP split sums in another order).
+TEST(GptTrainer, ResumesAtAnotherTensorParallelSize) {
+  cohort::testing::TempDir cache("cohort-gpt-test");
+  cohort::testing::TempDir checkpoints("cohort-gpt-ckpt");
+  auto args = kTiny;
+  args.at(11) = "30";  // --steps
+  args.push_back("--log-losses");
+  const auto whole = run_gpt(cache.path, args);
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+
+  args.insert(args.end(), {"--checkpoint-dir", checkpoints.path, "--checkpoint-every", "10"});
+  auto first = args;
+  first.insert(first.end(), {"--stop-after", "20"});
+  const auto stopped = run_gpt(cache.path, first);
+  ASSERT_EQ(stopped.exit_code, 0) << describe(stopped);
+  EXPECT_NE(stopped.out.find("[rank0]: gpt: stopped after step 20 (--stop-after)"), std::string::npos) << stopped.out;
+  EXPECT_FALSE(losses(stopped.out).count(21)) << stopped.out;
+
+  auto second = args;
+  second.insert(second.end(), {"--tp", "1"});
+  const auto resumed = run_gpt(cache.path, second);
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_NE(resumed.out.find("[rank0]: gpt: resumed from step 20"), std::string::npos) << resumed.out;
+
+  const auto expected = losses(whole.out), got = losses(resumed.out);
+  EXPECT_FALSE(got.count(20)) << resumed.out;
+  for (int step = 21; step <= 30; ++step) {
+    ASSERT_TRUE(expected.count(step) && got.count(step)) << step << "\n" << whole.out << "\n" << resumed.out;
+    EXPECT_NEAR(got.at(step), expected.at(step), 1e-4) << "step " << step;
+  }
+  const auto a = summary(whole.out), b = summary(resumed.out);
+  ASSERT_TRUE(a.is_object() && b.is_object()) << whole.out << resumed.out;
+  EXPECT_NEAR(b.at("val_loss").get<double>(), a.at("val_loss").get<double>(), 1e-4);
+  EXPECT_EQ(b.at("resumed_from_step").get<int>(), 20);
+  EXPECT_EQ(a.at("resumed_from_step").get<int>(), 0);
+  EXPECT_EQ(b.at("tp").get<int>(), 1);
+  EXPECT_EQ(b.at("dp").get<int>(), 2);
+}
+
 TEST(GptTrainer, ImpossibleFlagsSayWhy) {
   cohort::testing::TempDir cache("cohort-gpt-test");
   auto sharded = run_gpt(cache.path, {"--tp", "1", "--pp", "2", "--zero", "3"});
@@ -101,6 +158,10 @@ TEST(GptTrainer, ImpossibleFlagsSayWhy) {
   auto heads = run_gpt(cache.path, {"--heads", "3"});
   EXPECT_NE(heads.exit_code, 0) << describe(heads);
   EXPECT_NE((heads.out + heads.err).find("make --heads a multiple of --tp"), std::string::npos) << describe(heads);
+  cohort::testing::TempDir checkpoints("cohort-gpt-ckpt");
+  auto zero = run_gpt(cache.path, {"--tp", "1", "--zero", "1", "--checkpoint-dir", checkpoints.path});
+  EXPECT_NE(zero.exit_code, 0) << describe(zero);
+  EXPECT_NE((zero.out + zero.err).find("--checkpoint-dir with --zero 1"), std::string::npos) << describe(zero);
 }
 
 }  // namespace
