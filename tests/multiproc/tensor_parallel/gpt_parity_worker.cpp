@@ -168,12 +168,15 @@ int main(int argc, char** argv) {
 
 int run(const Args& a) {
   torch::set_num_threads(1);
-  auto world = cohort::comm::World::init();
-  const int r = world.rank(), n = world.size();
+  // Refused before the world exists: every rank refuses alike, and none leaves while
+  // another is still inside World::init's collectives (which would end that one with
+  // "Connection closed by peer" instead of the refusal).
   if (!a.unchecked) {
     tp::check_composition(
         tp::Composition().data(a.dp).pipeline(a.pp).tensor(a.tp).zero(zero_stage(a.strategy)).sequence_parallel(a.sp));
   }
+  auto world = cohort::comm::World::init();
+  const int r = world.rank(), n = world.size();
   cohort::comm::DeviceMesh mesh(world, cohort::comm::MeshShape().data(a.dp).pipeline(a.pp).tensor(a.tp));
   cohort::comm::Group alone;  // every rank creates every group of one: new_group is collective
   for (int q = 0; q < n; ++q) {
