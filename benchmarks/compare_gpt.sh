@@ -26,15 +26,16 @@ py2=$(torch2_python)
 work=$(mktemp -d /tmp/cohort-compare-gpt.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 # The model: 4 layers of width 128, 4 heads, context 64, global batch 16, no dropout.
-model=(--layers 4 --embed-dim 128 --heads 4 --context 64 --batch-size 16)
 L=4 H=128 S=64 B=16
+shape=(--layers $L --embed-dim $H --heads 4 --context $S)
+model=("${shape[@]}" --batch-size $B)
 
 cohort_run() {  # SETTING NPROC ARGS...: gpt under cohort run; prints rank 0's output
   local setting=$1 nproc=$2
   shift 2
   # shellcheck disable=SC2046
   env $(malloc_env "$setting") "$cohort" run --nproc-per-node "$nproc" --local-ranks-filter 0 "$gpt" \
-    "${model[@]}" --dropout 0 --samples 0 --eval-every 0 --eval-batches 1 "$@" | sed 's/^\[rank0\]: //'
+    "${shape[@]}" --batch-size "${batch:-$B}" --dropout 0 --samples 0 --eval-every 0 --eval-batches 1 "$@" | sed 's/^\[rank0\]: //'
 }
 peer_run() {  # SETTING NPROC ARGS...: gpt_peer.py under PyTorch's torchrun
   local setting=$1 nproc=$2
@@ -112,7 +113,7 @@ echo "== 4. peak resident memory per rank (MB), AdamW, fp32"
 for tp in 1 2; do
   nproc=$tp
   big=$(cohort_run default "$nproc" --tp "$tp" --steps 3 | json_field peak_rss_mb_max_rank)
-  small=$(cohort_run default "$nproc" --tp "$tp" --steps 3 --batch-size "$tp" | json_field peak_rss_mb_max_rank)
+  small=$(batch=$tp cohort_run default "$nproc" --tp "$tp" --steps 3 | json_field peak_rss_mb_max_rank)
   /usr/bin/python3 - "$tp" "$big" "$small" "$L" "$H" "$S" "$B" <<'PY'
 import sys
 t = int(sys.argv[1]); big, small = float(sys.argv[2]), float(sys.argv[3])
