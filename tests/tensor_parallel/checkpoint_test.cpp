@@ -228,7 +228,9 @@ TEST(TensorParallelCheckpoint, AResumedRunEqualsAnUninterruptedOne) {
     const double d = max_diff(resumed, uninterrupted);
     // At TP 2 the same operations in the same order: bit for bit. At TP 1 the
     // all-reduces' partial sums are one sum: rounding apart (magnified by Adam).
-    if (tp == 2) EXPECT_EQ(d, 0.0);
+    if (tp == 2) {
+      EXPECT_EQ(d, 0.0);
+    }
     EXPECT_LT(d, 1e-10) << "resumed at TP " << tp;
     std::cout << "resumed at TP " << tp << ": max |weight - uninterrupted TP 2| " << d << std::endl;
   }
