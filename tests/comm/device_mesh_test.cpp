@@ -67,6 +67,10 @@ TEST(DeviceMesh, ADimensionOfOneIsThisRankAloneAndTheRestIsData) {
 
 TEST(DeviceMesh, SizesThatDoNotMultiplyToTheWorldAreRefused) {
   cohort::testing::run_thread_world(2, [&](World& w) {
+    // Both ranks refuse without a collective; the barrier keeps the first to refuse
+    // from tearing its world down while the other is still connecting to it (on
+    // PyPI's 2.11, Gloo's connectFullMesh then failed on the slower rank).
+    w.group().barrier();
     try {
       DeviceMesh mesh(w, MeshShape().tensor(4));
       ADD_FAILURE() << "a TP size of 4 was accepted in a world of 2";
