@@ -1,0 +1,172 @@
+#include "cohort/fault_tolerance/quorum.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "cohort/errors.h"
+#include "cohort/util/bytes.h"
+
+namespace cohort::fault_tolerance {
+
+namespace keys {
+std::string quorum(std::int64_t id) { return "cohort/ft/q" + std::to_string(id); }
+std::string members(std::int64_t id) { return quorum(id) + "/members"; }
+std::string arrived(std::int64_t id, int replica) { return quorum(id) + "/arrived/" + std::to_string(replica); }
+std::string dead(int replica) { return "cohort/ft/dead/" + std::to_string(replica); }
+std::string latest() { return "cohort/ft/latest"; }
+std::string join_requests() { return "cohort/ft/join_requests"; }
+std::string events() { return "cohort/ft/events"; }
+std::string event(std::int64_t n) { return "cohort/ft/event/" + std::to_string(n); }
+}  // namespace keys
+
+int QuorumRecord::index_of(int replica_id) const {
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].id == replica_id) return static_cast<int>(i);
+  return -1;
+}
+
+std::int64_t QuorumRecord::max_step() const {
+  std::int64_t best = -1;
+  for (const auto& m : members) best = std::max(best, m.step);
+  return best;
+}
+
+std::string QuorumRecord::describe() const {
+  std::vector<int> ids;
+  for (const auto& m : members) ids.push_back(m.id);
+  return fmt::format("quorum {}: replicas {} (step {})", id, fmt::join(ids, ", "), max_step());
+}
+
+std::string QuorumRecord::encode() const {
+  std::string text = std::to_string(join_requests) + ";";
+  for (size_t i = 0; i < members.size(); ++i)
+    text += fmt::format("{}{}:{}:{}", i ? "," : "", members[i].id, members[i].incarnation, members[i].step);
+  return text;
+}
+
+QuorumRecord QuorumRecord::decode(std::int64_t id, const std::string& text) {
+  QuorumRecord r;
+  r.id = id;
+  std::istringstream in(text);
+  char sep = 0;
+  if (!(in >> r.join_requests >> sep) || sep != ';')
+    throw CommError(fmt::format("cohort: quorum {} in the store is not a quorum record: '{}'", id, text));
+  Member m;
+  char c1 = 0, c2 = 0;
+  while (in >> m.id >> c1 >> m.incarnation >> c2 >> m.step) {
+    r.members.push_back(m);
+    if (!(in >> sep)) break;
+  }
+  return r;
+}
+
+int dead_incarnation(c10d::Store& store, int replica) {
+  const auto key = keys::dead(replica);
+  if (!store.check({key})) return -1;
+  return std::stoi(util::from_bytes(store.get(key)));
+}
+
+std::int64_t next_undecided(c10d::Store& store, std::int64_t from) {
+  auto t = std::max<std::int64_t>(from, 1);
+  while (store.check({keys::members(t)})) ++t;
+  return t;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The members of quorum `target - 1`, or every replica (first incarnations) before
+// the first quorum.
+std::vector<Member> expected_members(c10d::Store& store, std::int64_t target, int max_replicas) {
+  if (target > 1 && store.check({keys::members(target - 1)}))
+    return QuorumRecord::decode(target - 1, util::from_bytes(store.get(keys::members(target - 1)))).members;
+  std::vector<Member> all;
+  for (int id = 0; id < max_replicas; ++id) all.push_back({id, 0, 0});
+  return all;
+}
+
+std::map<int, Member> read_arrivals(c10d::Store& store, std::int64_t target, int max_replicas) {
+  std::map<int, Member> found;
+  for (int id = 0; id < max_replicas; ++id) {
+    const auto key = keys::arrived(target, id);
+    if (!store.check({key})) continue;
+    Member m;
+    m.id = id;
+    std::istringstream in(util::from_bytes(store.get(key)));
+    in >> m.incarnation >> m.step;
+    found[id] = m;
+  }
+  return found;
+}
+
+}  // namespace
+
+QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& me, const FormRules& rules,
+                         const std::function<void()>& on_arrived) {
+  const auto members_key = keys::members(target);
+  store.set(keys::arrived(target, me.id), util::to_bytes(fmt::format("{} {}", me.incarnation, me.step)));
+  const auto count_key = keys::quorum(target) + "/count";
+  store.add(count_key, 1);
+  if (on_arrived) on_arrived();
+  const auto expected = expected_members(store, target, rules.max_replicas);
+  // Note [Who may decide]
+  const bool was_member = std::any_of(expected.begin(), expected.end(), [&](const Member& m) {
+    return m.id == me.id && m.incarnation == me.incarnation;
+  });
+  const auto start = Clock::now();
+  std::int64_t seen_count = -1;
+  std::map<int, Member> arrived;
+  auto pause = std::chrono::microseconds(200);
+  while (!store.check({members_key})) {
+    const auto count = store.add(count_key, 0);
+    if (count != seen_count) {
+      arrived = read_arrivals(store, target, rules.max_replicas);
+      seen_count = count;
+    }
+    std::vector<int> missing;
+    for (const auto& m : expected)
+      if (!arrived.count(m.id) && dead_incarnation(store, m.id) < m.incarnation) missing.push_back(m.id);
+    const auto waited = Clock::now() - start;
+    const bool enough = static_cast<int>(arrived.size()) >= rules.min_replicas;
+    const bool may_decide = was_member || missing.size() == expected.size();
+    if (may_decide && enough && (missing.empty() || waited >= rules.wait_for_expected)) {
+      QuorumRecord proposal;
+      proposal.id = target;
+      proposal.join_requests = store.add(keys::join_requests(), 0);
+      for (auto& [id, m] : arrived) proposal.members.push_back(m);
+      store.compareSet(members_key, {}, util::to_bytes(proposal.encode()));
+      break;
+    }
+    if (waited >= rules.wait_for_expected + rules.below_minimum) {
+      if (!may_decide)
+        throw TimeoutError(
+            fmt::format("cohort: fault tolerance: replica {} waited {:.0f} s to join quorum {}, but no live replica "
+                        "came to take it in (they do at their next step boundary)\n  fix: are the others hung in a "
+                        "step longer than that? raise COHORT_FT_MIN_REPLICAS_TIMEOUT",
+                        me.id, std::chrono::duration<double>(waited).count(), target),
+            "fault-tolerant join", {});
+      std::vector<int> here;
+      for (auto& [id, m] : arrived) here.push_back(id);
+      throw TimeoutError(
+          fmt::format("cohort: fault tolerance: quorum {} has {} of the {} replicas it needs (--min-replicas) after "
+                      "{:.0f} s: replicas [{}] are here, [{}] are missing (dead or stopped)\n  fix: see why those "
+                      "replicas died (the launcher's log), or lower --min-replicas",
+                      target, arrived.size(), rules.min_replicas,
+                      std::chrono::duration<double>(waited).count(), fmt::join(here, ", "), fmt::join(missing, ", ")),
+          "fault-tolerant quorum", missing);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+  auto record = QuorumRecord::decode(target, util::from_bytes(store.get(members_key)));
+  store.set(keys::latest(), util::to_bytes(std::to_string(target)));
+  return record;
+}
+
+}  // namespace cohort::fault_tolerance

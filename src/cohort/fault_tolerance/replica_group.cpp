@@ -1,0 +1,338 @@
+#include "cohort/fault_tolerance/replica_group.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <sstream>
+
+#include "cohort/comm/rendezvous.h"
+#include "cohort/errors.h"
+#include "cohort/fault_tolerance/transfer.h"
+#include "cohort/fault_tolerance/vote.h"
+#include "cohort/util/bytes.h"
+
+namespace cohort::fault_tolerance {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int> Quorum::replica_ids() const {
+  std::vector<int> ids;
+  for (const auto& m : members) ids.push_back(m.id);
+  return ids;
+}
+
+// Note [Hearing of a death]
+// `cohort run --fault-tolerance in-process` writes cohort/ft/event/<n> ("dead <id>
+// <incarnation>") the moment it reaps a worker. Each replica's watcher thread waits
+// for the next event on a connection of its own, remembers the death, and aborts
+// the vote its replica is in (if the dead one is a member), so the survivors do not
+// wait out quorum_timeout for a vote that will never come. end_step() registers its
+// vote under the same lock and aborts at once when a member is already known dead:
+// a death heard just before the vote is not missed either. A kill -9 during a
+// collective needs no help: the peer's sockets close and Gloo fails the
+// collective at once; the watcher matters for a death between collectives.
+namespace {
+
+struct Death {
+  int id;
+  int incarnation;
+};
+
+bool member_dead(const std::vector<Member>& members, const std::vector<Death>& deaths) {
+  for (const auto& d : deaths)
+    for (const auto& m : members)
+      if (m.id == d.id && m.incarnation <= d.incarnation) return true;
+  return false;
+}
+
+}  // namespace
+
+struct WatchState {
+  std::mutex mu;
+  std::vector<std::string> votes;  // what a member's death aborts
+  std::vector<Member> members;
+  std::vector<Death> deaths;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
+namespace {
+
+void run_watcher(WatchState& w, c10d::Store& store) {
+  std::int64_t next = 0;
+  try {
+    next = store.add(keys::events(), 0) + 1;
+  } catch (const std::exception&) {
+    return;  // no store: the collectives' own failures still abort steps
+  }
+  while (!w.stop.load()) {
+    const auto key = keys::event(next);
+    try {
+      store.wait({key}, std::chrono::milliseconds(250));
+    } catch (const CommError&) {
+      return;
+    } catch (const std::exception&) {
+      continue;  // no event yet
+    }
+    std::string text;
+    try {
+      text = util::from_bytes(store.get(key));
+    } catch (const std::exception&) {
+      return;
+    }
+    ++next;
+    std::istringstream in(text);
+    std::string what;
+    Death d{-1, -1};
+    if (!(in >> what >> d.id >> d.incarnation) || what != "dead") continue;
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.deaths.push_back(d);
+    if (!member_dead(w.members, {d})) continue;
+    for (const auto& vote : w.votes) {
+      try {
+        abort_vote(store, vote);
+      } catch (const std::exception&) {
+      }
+    }
+  }
+}
+
+int env_int(const comm::EnvMap& env, const char* name, int fallback) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return fallback;
+  try {
+    return std::stoi(it->second);
+  } catch (const std::exception&) {
+    throw ConfigError(fmt::format("{}={} is not a whole number", name, it->second));
+  }
+}
+
+}  // namespace
+
+ReplicaGroup ReplicaGroup::join(ReplicaGroupOptions options) {
+  const auto env = comm::process_environment();
+  const auto info = comm::world_info_from(env);
+  auto mode = env.count("COHORT_FAULT_TOLERANCE") ? env.at("COHORT_FAULT_TOLERANCE") : std::string();
+  if (info.world_size == 1 && info.master_addr.empty()) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    return ReplicaGroup(store, store, 0, 1, 0, std::move(options));
+  }
+  if (mode != "in-process" || !info.use_agent_store)
+    throw ConfigError(
+        "cohort: ReplicaGroup::join needs `cohort run --fault-tolerance in-process`: the store must outlive any "
+        "worker and the launcher must restart only the dead one (this process was started " +
+        std::string(info.use_agent_store ? "by cohort run without --fault-tolerance in-process" : "by another launcher") +
+        ")\n  fix: cohort run --fault-tolerance in-process --nproc-per-node N PROGRAM");
+  auto init = comm::InitOptions::from_env(env);
+  auto store = comm::make_world_store(info, init);
+  auto watch_store = comm::connect_again(info, store, init.join_timeout());
+  return ReplicaGroup(std::move(store), std::move(watch_store), info.rank, info.world_size,
+                      env_int(env, "COHORT_FT_INCARNATION", 0), std::move(options));
+}
+
+ReplicaGroup::ReplicaGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Store> watch_store,
+                           int replica_id, int max_replicas, int incarnation, ReplicaGroupOptions options)
+    : store_(std::move(store)),
+      watch_store_(std::move(watch_store)),
+      id_(replica_id),
+      max_replicas_(max_replicas),
+      incarnation_(incarnation),
+      options_(std::move(options)),
+      fresh_(incarnation > 0),
+      watch_(std::make_unique<WatchState>()) {
+  options_.validate();
+  if (options_.min_replicas() > max_replicas_)
+    throw ConfigError(fmt::format("cohort: fault tolerance: --min-replicas {} is more than the {} replicas started; "
+                                  "lower it or start more workers",
+                                  options_.min_replicas(), max_replicas_));
+  watch_->thread = std::thread([w = watch_.get(), s = watch_store_] { run_watcher(*w, *s); });
+}
+
+ReplicaGroup::ReplicaGroup(ReplicaGroup&&) noexcept = default;
+
+ReplicaGroup::~ReplicaGroup() {
+  if (!watch_) return;  // moved from
+  watch_->stop = true;
+  if (watch_->thread.joinable()) watch_->thread.join();
+}
+
+void ReplicaGroup::on_transfer(std::function<void(std::ostream&)> save, std::function<void(std::istream&)> load) {
+  save_ = std::move(save);
+  load_ = std::move(load);
+}
+
+const Quorum& ReplicaGroup::begin_step() {
+  if (quorum_ && !need_regroup_) {
+    quorum_->changed = false;
+    return *quorum_;
+  }
+  regroup();
+  return *quorum_;
+}
+
+std::string ReplicaGroup::step_vote() const { return fmt::format("{}/s{}", keys::quorum(quorum_->id), step_); }
+
+void ReplicaGroup::set_watched(std::vector<std::string> votes, const std::vector<Member>& members) {
+  std::lock_guard<std::mutex> lock(watch_->mu);
+  watch_->votes = std::move(votes);
+  watch_->members = members;
+}
+
+bool ReplicaGroup::end_step(bool ok) {
+  TORCH_CHECK(quorum_.has_value(), "ReplicaGroup::end_step() without begin_step()");
+  const auto name = step_vote();
+  {
+    std::lock_guard<std::mutex> lock(watch_->mu);
+    watch_->votes = {name};
+    if (member_dead(quorum_->members, watch_->deaths)) ok = false;  // Note [Hearing of a death]
+  }
+  // Note [Joining at a step boundary]
+  // A replica that wants in bumps join_requests after it has arrived at the next
+  // quorum. The member whose vote completes a step compares the counter with the
+  // value the current quorum was formed at; when it grew, the decision is
+  // commit-and-regroup, so every member forms the next quorum after this step, at
+  // the same step boundary, and the joiner is in it.
+  auto joiners_waiting = [&] { return store_->add(keys::join_requests(), 0) > join_requests_seen_; };
+  VoteResult result;
+  try {
+    result = vote(*store_, name, quorum_->size, ok, options_.quorum_timeout(), joiners_waiting);
+  } catch (const std::exception& e) {
+    set_watched({}, quorum_->members);
+    throw CommError(fmt::format("cohort: fault tolerance: replica {} lost the job's store while voting on step {}: "
+                                "{}\n  fix: the store lives in `cohort run` on node 0; is it still running?",
+                                id_, step_, e.what()));
+  }
+  set_watched({}, quorum_->members);
+  switch (result.decision) {
+    case Decision::kCommitAndRegroup:
+      need_regroup_ = true;
+      [[fallthrough]];
+    case Decision::kCommit:
+      ++step_;
+      return true;
+    case Decision::kAbort:
+      break;
+  }
+  need_regroup_ = true;
+  ++stats_.aborted_steps;
+  return false;
+}
+
+void ReplicaGroup::regroup() {
+  const auto started = Clock::now();
+  // Survivors go to the next quorum together; a replica outside the last quorum
+  // (a joiner, or one that was dropped) goes to the first one not yet decided.
+  std::int64_t target = quorum_ ? quorum_->id + 1 : 1;
+  if (fresh_ || !quorum_) {
+    std::int64_t hint = 1;
+    if (store_->check({keys::latest()})) hint = std::stoll(util::from_bytes(store_->get(keys::latest())));
+    if (fresh_) target = next_undecided(*store_, hint);
+  }
+  for (;;) {
+    switch (try_quorum(target)) {
+      case Outcome::kIn:
+        stats_.last_regroup_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+        ++stats_.quorums;
+        need_regroup_ = false;
+        return;
+      case Outcome::kOut:
+      case Outcome::kFailed:
+        break;
+    }
+    target = next_undecided(*store_, target + 1);
+  }
+}
+
+ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
+  Member me{id_, incarnation_, fresh_ ? -1 : step_};
+  FormRules rules;
+  rules.max_replicas = max_replicas_;
+  rules.min_replicas = options_.min_replicas();
+  rules.wait_for_expected = target == 1 ? options_.start_timeout() : options_.quorum_timeout();
+  rules.below_minimum = options_.min_replicas_timeout();
+  auto event = [&](const char* what) {
+    if (options_.on_event()) options_.on_event()(fmt::format("{} q{}", what, target));
+  };
+  const auto record = form_quorum(*store_, target, me, rules, [&] { event("arrived"); });
+  const int index = record.index_of(id_);
+  if (index < 0) {
+    // Note [Joining at a step boundary]: ask the members to take this replica in.
+    store_->add(keys::join_requests(), 1);
+    return Outcome::kOut;
+  }
+  const int size = static_cast<int>(record.members.size());
+  // Note [Abandoned groups]
+  // The old group is not destroyed here: a collective of it may still be stuck on a
+  // stopped peer until collective_timeout, and destroying Gloo's backend waits for
+  // its work. It is kept until the ReplicaGroup goes, when every such wait is over.
+  if (world_) retired_.push_back(std::move(*world_));
+  world_.reset();
+  bool ok = true;
+  try {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(keys::quorum(target), store_);
+    world_ = comm::World::init_with_store(prefixed, index, size,
+                                          comm::InitOptions()
+                                              .backend(options_.backend())
+                                              .timeout(options_.collective_timeout())
+                                              .join_timeout(options_.quorum_timeout()));
+  } catch (const std::exception&) {
+    ok = false;  // a member died while the group formed: the vote below aborts it
+  }
+  {
+    std::lock_guard<std::mutex> lock(watch_->mu);
+    watch_->votes = {keys::quorum(target) + "/formed"};
+    watch_->members = record.members;
+    if (member_dead(record.members, watch_->deaths)) ok = false;
+  }
+  if (vote(*store_, keys::quorum(target) + "/formed", size, ok, options_.quorum_timeout()).decision == Decision::kAbort)
+    return Outcome::kFailed;
+  event("formed");
+  const bool behind = std::any_of(record.members.begin(), record.members.end(),
+                                  [&](const Member& m) { return m.step < record.max_step(); });
+  if (behind) {
+    bool sent_ok = true;
+    try {
+      const auto top = record.max_step();
+      int source = 0;
+      while (record.members[static_cast<size_t>(source)].step != top) ++source;
+      if (index == source) event("sending");
+      if (record.members[static_cast<size_t>(index)].step < top) event("receiving");
+      auto result = transfer_state(world_->group(), record, index, step_, save_, load_);
+      if (result.received) {
+        step_ = result.step;
+        ++stats_.transfers_received;
+      }
+      stats_.transfers_sent += result.sent;
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception&) {
+      sent_ok = false;
+    }
+    {
+      std::lock_guard<std::mutex> lock(watch_->mu);
+      watch_->votes = {keys::quorum(target) + "/transferred"};
+      if (member_dead(record.members, watch_->deaths)) sent_ok = false;
+    }
+    if (vote(*store_, keys::quorum(target) + "/transferred", size, sent_ok, options_.collective_timeout()).decision ==
+        Decision::kAbort)
+      return Outcome::kFailed;
+  }
+  if (record.max_step() < 0) step_ = 0;  // Note [Who may decide]: nobody had state
+  set_watched({}, record.members);
+  fresh_ = false;
+  join_requests_seen_ = record.join_requests;
+  Quorum q;
+  q.id = target;
+  q.members = record.members;
+  q.rank = index;
+  q.size = size;
+  q.group = world_->group();
+  q.changed = true;
+  quorum_ = std::move(q);
+  event("joined");
+  return Outcome::kIn;
+}
+
+}  // namespace cohort::fault_tolerance

@@ -1,0 +1,48 @@
+#include "cohort/fault_tolerance/vote.h"
+
+#include <functional>
+
+#include "cohort/util/bytes.h"
+
+namespace cohort::fault_tolerance {
+
+namespace {
+
+const std::string kCommit = "commit";
+const std::string kCommitAndRegroup = "commit+regroup";
+const std::string kAbort = "abort";
+
+Decision parse(const std::vector<std::uint8_t>& value) {
+  const auto text = util::from_bytes(value);
+  if (text == kCommit) return Decision::kCommit;
+  if (text == kCommitAndRegroup) return Decision::kCommitAndRegroup;
+  return Decision::kAbort;
+}
+
+Decision decide(c10d::Store& store, const std::string& vote, const std::string& desired) {
+  return parse(store.compareSet(decision_key(vote), {}, util::to_bytes(desired)));
+}
+
+}  // namespace
+
+std::string decision_key(const std::string& vote) { return vote + "/decision"; }
+
+Decision abort_vote(c10d::Store& store, const std::string& vote) { return decide(store, vote, kAbort); }
+
+VoteResult vote(c10d::Store& store, const std::string& vote, int members, bool ok, std::chrono::milliseconds timeout,
+                const std::function<bool()>& regroup) {
+  if (!ok) return {abort_vote(store, vote), false};
+  const auto count = store.add(vote + "/votes", 1);
+  if (count == members) return {decide(store, vote, regroup && regroup() ? kCommitAndRegroup : kCommit), false};
+  const auto key = decision_key(vote);
+  try {
+    store.wait({key}, timeout);
+  } catch (const std::exception&) {
+    // A member never voted: it is stopped, or died unseen. Note [One decision per vote]
+    const auto decided = abort_vote(store, vote);
+    return {decided, decided == Decision::kAbort};
+  }
+  return {parse(store.get(key)), false};
+}
+
+}  // namespace cohort::fault_tolerance

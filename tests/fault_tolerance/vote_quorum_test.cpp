@@ -1,0 +1,147 @@
+// The store protocol of fault tolerance, over one in-memory store shared by
+// threads: votes decide once for everyone, quorums form without the dead, and a
+// joiner never forms a quorum on its own (Note [Who may decide]).
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <future>
+#include <thread>
+
+#include "cohort/errors.h"
+#include "cohort/fault_tolerance/quorum.h"
+#include "cohort/fault_tolerance/vote.h"
+#include "cohort/util/bytes.h"
+
+namespace ft = cohort::fault_tolerance;
+using namespace std::chrono_literals;
+
+namespace {
+
+c10::intrusive_ptr<c10d::Store> store() { return c10::make_intrusive<c10d::HashStore>(); }
+
+std::vector<ft::Decision> vote_all(c10d::Store& s, const std::vector<bool>& ok) {
+  std::vector<std::future<ft::VoteResult>> votes;
+  for (bool each : ok)
+    votes.push_back(std::async(std::launch::async, [&s, each, n = static_cast<int>(ok.size())] {
+      return ft::vote(s, "v", n, each, 5s);
+    }));
+  std::vector<ft::Decision> out;
+  for (auto& v : votes) out.push_back(v.get().decision);
+  return out;
+}
+
+TEST(Vote, CommitsOnlyWhenEveryMemberSucceeded) {
+  auto s = store();
+  EXPECT_EQ(vote_all(*s, {true, true, true}), std::vector<ft::Decision>(3, ft::Decision::kCommit));
+  auto t = store();
+  EXPECT_EQ(vote_all(*t, {true, false, true}), std::vector<ft::Decision>(3, ft::Decision::kAbort));
+}
+
+TEST(Vote, AMissingMemberAbortsAfterTheTimeout) {
+  auto s = store();
+  const auto start = std::chrono::steady_clock::now();
+  auto r = ft::vote(*s, "v", 2, true, 300ms);
+  EXPECT_EQ(r.decision, ft::Decision::kAbort);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  // The late member gets the same answer, at once.
+  EXPECT_EQ(ft::vote(*s, "v", 2, true, 5s).decision, ft::Decision::kAbort);
+}
+
+TEST(Vote, AnAbortFromOutsideWakesTheWaiters) {
+  auto s = store();
+  auto waiter = std::async(std::launch::async, [&] { return ft::vote(*s, "v", 3, true, 20s); });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(ft::abort_vote(*s, "v"), ft::Decision::kAbort);
+  EXPECT_EQ(waiter.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(waiter.get().decision, ft::Decision::kAbort);
+}
+
+TEST(Vote, TheLastVoterAsksWhetherToRegroup) {
+  auto s = store();
+  auto first = std::async(std::launch::async, [&] { return ft::vote(*s, "v", 2, true, 5s, [] { return true; }); });
+  auto second = std::async(std::launch::async, [&] { return ft::vote(*s, "v", 2, true, 5s, [] { return true; }); });
+  EXPECT_EQ(first.get().decision, ft::Decision::kCommitAndRegroup);
+  EXPECT_EQ(second.get().decision, ft::Decision::kCommitAndRegroup);
+}
+
+ft::FormRules rules(int max_replicas, std::chrono::milliseconds wait = 10s) {
+  ft::FormRules r;
+  r.max_replicas = max_replicas;
+  r.wait_for_expected = wait;
+  r.below_minimum = 2s;
+  return r;
+}
+
+TEST(Quorum, EveryArrivalReadsTheSameDecision) {
+  auto s = store();
+  std::vector<std::future<ft::QuorumRecord>> f;
+  for (int id = 0; id < 3; ++id)
+    f.push_back(std::async(std::launch::async, [&, id] { return ft::form_quorum(*s, 1, {id, 0, 0}, rules(3)); }));
+  std::vector<std::string> seen;
+  for (auto& each : f) seen.push_back(each.get().encode());
+  EXPECT_EQ(seen[0], seen[1]);
+  EXPECT_EQ(seen[0], seen[2]);
+  EXPECT_EQ(ft::QuorumRecord::decode(1, seen[0]).members.size(), 3u);
+}
+
+TEST(Quorum, AReplicaKnownDeadIsNotWaitedFor) {
+  auto s = store();
+  s->set(ft::keys::dead(2), cohort::util::to_bytes("0"));
+  const auto start = std::chrono::steady_clock::now();
+  auto a = std::async(std::launch::async, [&] { return ft::form_quorum(*s, 1, {0, 0, 0}, rules(3)); });
+  auto b = ft::form_quorum(*s, 1, {1, 0, 0}, rules(3));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);  // not the 10 s deadline
+  EXPECT_EQ(b.members.size(), 2u);
+  EXPECT_EQ(a.get().encode(), b.encode());
+}
+
+TEST(Quorum, AMissingReplicaIsLeftOutAfterTheDeadline) {
+  auto s = store();
+  auto a = std::async(std::launch::async, [&] { return ft::form_quorum(*s, 1, {0, 0, 0}, rules(2, 300ms)); });
+  auto r = a.get();
+  ASSERT_EQ(r.members.size(), 1u);
+  EXPECT_EQ(r.members[0].id, 0);
+  // The late one is not in the decided quorum; it joins a later one.
+  auto late = ft::form_quorum(*s, 1, {1, 0, 0}, rules(2, 300ms));
+  EXPECT_EQ(late.index_of(1), -1);
+  EXPECT_EQ(ft::next_undecided(*s, 1), 2);
+}
+
+TEST(Quorum, AJoinerNeverFormsAQuorumAlone) {
+  auto s = store();
+  auto first = ft::form_quorum(*s, 1, {0, 0, 0}, rules(2, 100ms));
+  ASSERT_EQ(first.members.size(), 1u);
+  // Replica 1 (a replacement, no state) arrives at quorum 2; member 0 is alive, so
+  // it must wait for it, and gives up with an error naming what to do.
+  auto r = rules(2, 100ms);
+  r.below_minimum = 300ms;
+  try {
+    ft::form_quorum(*s, 2, {1, 1, -1}, r);
+    FAIL() << "a joiner formed a quorum alone";
+  } catch (const cohort::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("no live replica came to take it in"), std::string::npos) << e.what();
+  }
+  // Once member 0 comes, both are in, and the joiner is behind.
+  auto member = std::async(std::launch::async, [&] { return ft::form_quorum(*s, 2, {0, 0, 5}, rules(2)); });
+  auto joined = ft::form_quorum(*s, 2, {1, 1, -1}, rules(2));
+  EXPECT_EQ(joined.members.size(), 2u);
+  EXPECT_EQ(joined.max_step(), 5);
+  EXPECT_EQ(member.get().encode(), joined.encode());
+}
+
+TEST(Quorum, BelowMinReplicasTheErrorNamesTheMissing) {
+  auto s = store();
+  auto r = rules(3, 100ms);
+  r.min_replicas = 2;
+  r.below_minimum = 200ms;
+  try {
+    ft::form_quorum(*s, 1, {0, 0, 0}, r);
+    FAIL() << "formed below min_replicas";
+  } catch (const cohort::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("[1, 2] are missing"), std::string::npos) << e.what();
+    EXPECT_EQ(e.missing_ranks(), (std::vector<int>{1, 2}));
+  }
+}
+
+}  // namespace

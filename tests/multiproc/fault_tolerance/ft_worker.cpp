@@ -1,0 +1,178 @@
+// A replica of a fault-tolerant data-parallel job for tests/multiproc/
+// fault_tolerance_test.cpp: an MLP trained with DDP over the live replicas, SGD with
+// momentum (state a joiner must receive), on a fixed synthetic dataset, with a
+// global batch per step (fault_tolerance/step_sampler.h). It can fail on purpose:
+//   --die R:PHASE:AT   (repeatable) replica R's first incarnation kills itself (SIGKILL) at
+//                      PHASE: "backward" (step AT, while DDP's buckets are in flight),
+//                      "vote" (step AT, after its collectives, before its vote), or a
+//                      quorum event ("arrived", "formed", "sending", "receiving") of
+//                      quorum AT;
+//   --stop R:AT        replica R stops itself (SIGSTOP) in backward at step AT; the
+//                      test resumes it;
+//   --reference        one process, no launcher: the weights every run must reach.
+// Each replica writes its final parameters to OUT/final_<replica>.pt.
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "cohort/ddp/distributed_data_parallel.h"
+#include "cohort/errors.h"
+#include "cohort/fault_tolerance/replica_group.h"
+#include "cohort/fault_tolerance/step_sampler.h"
+#include "cohort/fault_tolerance/training_state.h"
+
+namespace ft = cohort::fault_tolerance;
+
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() : a(register_module("a", torch::nn::Linear(16, 32))), b(register_module("b", torch::nn::Linear(32, 4))) {}
+  torch::Tensor forward(torch::Tensor x) { return b(torch::tanh(a(x))); }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(Net);
+
+struct Failure {
+  int replica = -1;
+  std::string phase;
+  std::int64_t at = -1;
+};
+
+Failure parse_failure(const std::string& text) {
+  Failure f;
+  auto first = text.find(':');
+  auto second = text.find(':', first + 1);
+  f.replica = std::stoi(text.substr(0, first));
+  if (second == std::string::npos) {
+    f.phase = "stop";
+    f.at = std::stoll(text.substr(first + 1));
+  } else {
+    f.phase = text.substr(first + 1, second - first - 1);
+    f.at = std::stoll(text.substr(second + 1));
+  }
+  return f;
+}
+
+std::vector<torch::Tensor> parameters_of(Net& net) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::int64_t steps = 40;
+  std::string out_dir = ".";
+  bool reference = false;
+  std::vector<Failure> dies;
+  Failure stop;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return std::string(argv[++i]); };
+    if (a == "--steps") steps = std::stoll(next());
+    else if (a == "--out") out_dir = next();
+    else if (a == "--reference") reference = true;
+    else if (a == "--die") dies.push_back(parse_failure(next()));
+    else if (a == "--stop") stop = parse_failure(next());
+    else {
+      std::cerr << "ft_worker: unknown argument " << a << "\n";
+      return 2;
+    }
+  }
+  torch::manual_seed(0);
+  auto inputs = torch::randn({512, 16});
+  auto labels = inputs.matmul(torch::randn({16, 4})).argmax(1);
+  torch::manual_seed(1);
+  Net net;
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  ft::StepSampler sampler(ft::StepSamplerOptions(512, 32).seed(7));
+
+  auto options = ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment());
+  int my_id = -1, my_incarnation = 0;
+  options.on_event([&](const std::string& event) {
+    std::printf("replica %d: %s\n", my_id, event.c_str());
+    std::fflush(stdout);
+    for (const auto& die : dies)
+      if (my_incarnation == 0 && die.replica == my_id && event == die.phase + " q" + std::to_string(die.at))
+        raise(SIGKILL);
+  });
+  auto replicas = ft::ReplicaGroup::join(options);
+  my_id = replicas.replica_id();
+  my_incarnation = replicas.incarnation();
+  std::printf("replica %d: incarnation %d pid %d\n", my_id, my_incarnation, static_cast<int>(getpid()));
+  std::fflush(stdout);
+  replicas.on_transfer([&](std::ostream& o) { ft::save_training_state(o, *net, &optimizer); },
+                       [&](std::istream& i) { ft::load_training_state(i, *net, &optimizer); });
+  const bool first = my_incarnation == 0;
+  auto armed = [&](const Failure& f, const char* phase, std::int64_t step) {
+    return first && f.replica == my_id && f.phase == phase && f.at == step;
+  };
+  auto dies_at = [&](const char* phase, std::int64_t step) {
+    for (const auto& die : dies)
+      if (armed(die, phase, step)) return true;
+    return false;
+  };
+  // Fires during backward, after the output layer's bucket was launched.
+  net->a->weight.register_hook([&](torch::Tensor g) {
+    if (dies_at("backward", replicas.step())) raise(SIGKILL);
+    if (armed(stop, "stop", replicas.step())) {
+      std::printf("replica %d: stopping at step %lld pid %d\n", my_id, static_cast<long long>(replicas.step()),
+                  static_cast<int>(getpid()));
+      std::fflush(stdout);
+      stop.replica = -1;
+      raise(SIGSTOP);
+    }
+    return g;
+  });
+
+  std::optional<cohort::ddp::DistributedDataParallel<Net>> ddp;
+  std::int64_t committed = 0;
+  std::vector<torch::Tensor> before_last;
+  while (replicas.step() < steps) {
+    const auto& q = replicas.begin_step();
+    const auto step = replicas.step();
+    bool ok = true;
+    try {
+      if (q.changed) ddp.emplace(net, q.group);
+      auto index = torch::tensor(sampler.indices(step, q.rank, q.size), torch::kLong);
+      auto loss = torch::nn::functional::cross_entropy((*ddp)(inputs.index_select(0, index)),
+                                                       labels.index_select(0, index)) *
+                  sampler.loss_weight(step, q.rank, q.size);
+      optimizer.zero_grad();
+      loss.backward();
+    } catch (const cohort::Error& e) {
+      std::printf("replica %d: step %lld failed: %s\n", my_id, static_cast<long long>(step),
+                  std::string(e.what()).substr(0, 160).c_str());
+      ok = false;
+    } catch (const c10::Error& e) {
+      std::printf("replica %d: step %lld failed: %s\n", my_id, static_cast<long long>(step),
+                  e.what_without_backtrace());
+      ok = false;
+    }
+    if (dies_at("vote", step)) raise(SIGKILL);
+    if (replicas.end_step(ok)) {
+      if (step == steps - 1) before_last = parameters_of(net);
+      optimizer.step();
+      ++committed;
+    }
+  }
+  const auto& s = replicas.stats();
+  std::printf("replica %d: done at step %lld: committed %lld aborted %lld quorums %lld sent %lld received %lld\n",
+              my_id, static_cast<long long>(replicas.step()), static_cast<long long>(committed),
+              static_cast<long long>(s.aborted_steps), static_cast<long long>(s.quorums),
+              static_cast<long long>(s.transfers_sent), static_cast<long long>(s.transfers_received));
+  std::fflush(stdout);
+  if (reference) {
+    torch::save(parameters_of(net), out_dir + "/reference.pt");
+    torch::save(before_last, out_dir + "/reference_before_last.pt");
+  } else {
+    torch::save(parameters_of(net), out_dir + "/final_" + std::to_string(my_id) + ".pt");
+  }
+  return 0;
+}
