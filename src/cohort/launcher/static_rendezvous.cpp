@@ -124,9 +124,15 @@ void StaticRendezvous::host_authenticated_store() {
 
 comm::EnvMap StaticRendezvous::worker_variables(int attempt) const {
   if (!server_) return {};
-  return {{"COHORT_AGENT_STORE", "cohort"},
-          {"COHORT_RDZV_TOKEN", token_},
-          {"COHORT_STORE_PREFIX", fmt::format("/cohort/static/attempt_{}/worker", attempt)}};
+  return {{"COHORT_AGENT_STORE", "cohort"}, {"COHORT_RDZV_TOKEN", token_}, {"COHORT_STORE_PREFIX", worker_prefix(attempt)}};
+}
+
+std::string StaticRendezvous::worker_prefix(int attempt) const {
+  return server_ ? fmt::format("/cohort/static/attempt_{}/worker", attempt) : fmt::format("/worker/attempt_{}", attempt);
+}
+
+c10::intrusive_ptr<c10d::Store> StaticRendezvous::workers_view(int attempt) const {
+  return c10::make_intrusive<c10d::PrefixStore>(worker_prefix(attempt), store_);
 }
 
 Assignment StaticRendezvous::assign(int local_world_size) {
