@@ -117,6 +117,21 @@ TEST(InProcess, ADeadWorkerIsRestartedAloneAndTheOthersKeepTheirPids) {
   EXPECT_EQ(r.err.find("the job failed"), std::string::npos) << describe(r);
 }
 
+// Under worker_store=tcpstore the workers' prefix is torchrun's, /worker/attempt_0.
+TEST(InProcess, TheDeathIsWhereTheWorkersLookOnATcpStoreToo) {
+  TempDir dir("cohort-ft-tcp");
+  Subprocess launcher(ft_run(2, {"--max-restarts", "1", "--rdzv-conf", "worker_store=tcpstore"}, {"ft", "0", "1"}),
+                      {{"COHORT_TEST_MARKER_DIR", dir.path}});
+  ASSERT_TRUE(launcher.read_until([](const std::string& out) { return started(out, 1, 0) && started(out, 0, 1); },
+                                  60s))
+      << launcher.out() << launcher.err();
+  stop_workers(dir);
+  auto r = launcher.finish(60s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("[rank1]: ft keys dead=0 event1=dead 0 0\n"), std::string::npos) << describe(r);
+  EXPECT_NE(r.out.find("[rank0]: ft exit rank=0 incarnation=1"), std::string::npos) << describe(r);
+}
+
 TEST(InProcess, ASpentBudgetFailsTheJobButStopsNoOne) {
   TempDir dir("cohort-ft-spent");
   // Rank 1 dies in every incarnation; one restart is allowed.

@@ -170,7 +170,11 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   // --fault-tolerance in-process: one attempt, whose dead workers are replaced alone
   // (launcher/in_process.h); --max-restarts counts those replacements.
   std::optional<InProcessRestarts> in_process;
-  if (in_process_fault_tolerance(options)) in_process.emplace(rendezvous.workers_view(0), options.max_restarts);
+  // Publishing a death must not keep the agent from the survivors for long: the store
+  // is this agent's own, so 10 s is plenty (or --join-timeout, when shorter).
+  if (in_process_fault_tolerance(options))
+    in_process.emplace(rendezvous.workers_view(0, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10))),
+                       options.max_restarts);
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
     const auto started = std::chrono::steady_clock::now();

@@ -15,7 +15,9 @@
 //   set  cohort/ft/event/<n>    = "dead <RANK> <K>"
 // and only then the replacement (incarnation K+1) starts, so that it, and anyone
 // who sees it, finds the death already published. Events are numbered from 1 in the
-// order the agent saw the deaths.
+// order the agent saw the deaths. The agent writes through a client of its own
+// (StaticRendezvous::workers_view), each operation bounded by 10 s; a store that
+// fails is reported on stderr and the replacement still starts.
 //
 // Note [A replacement is its rank]
 // A replacement gets exactly the environment of its rank's first process (RANK,

@@ -131,8 +131,14 @@ std::string StaticRendezvous::worker_prefix(int attempt) const {
   return server_ ? fmt::format("/cohort/static/attempt_{}/worker", attempt) : fmt::format("/worker/attempt_{}", attempt);
 }
 
-c10::intrusive_ptr<c10d::Store> StaticRendezvous::workers_view(int attempt) const {
-  return c10::make_intrusive<c10d::PrefixStore>(worker_prefix(attempt), store_);
+c10::intrusive_ptr<c10d::Store> StaticRendezvous::workers_view(int attempt, std::chrono::milliseconds timeout) const {
+  c10::intrusive_ptr<c10d::Store> client;
+  if (server_)
+    client = c10::make_intrusive<store::StoreClient>(address_, port_, token_, timeout, certificates_);
+  else
+    client = compat::make_tcp_store(address_, static_cast<std::uint16_t>(port_), false, timeout);
+  client->setTimeout(timeout);
+  return c10::make_intrusive<c10d::PrefixStore>(worker_prefix(attempt), std::move(client));
 }
 
 Assignment StaticRendezvous::assign(int local_world_size) {
