@@ -19,6 +19,13 @@
 //                     print "late store ok at_ms=<wall clock>" (or "FAILED (why)", exit 1)
 //   sleep_node K      node K's workers print "ready pid=<pid>" and wait to be signalled;
 //                     the other nodes' exit at once
+//   ft K D            for --fault-tolerance in-process: prints "ft start rank=R incarnation=I
+//                     pid=P" and its environment ("ft env ..."); rank K kills itself with
+//                     SIGKILL in incarnations below D; every other process waits (120 s at
+//                     most) for the file $COHORT_TEST_MARKER_DIR/stop, reads rank K's death
+//                     keys through its own store view (ranks other than K), prints
+//                     "ft keys dead=<v> event1=<v>" and "ft exit rank=R incarnation=I pid=P",
+//                     and exits 0
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -35,6 +42,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cohort/comm/rendezvous.h"
 #include "cohort/comm/world.h"
 #include "cohort/compat/c10d.h"
 #include "cohort/elastic/error_file.h"
@@ -172,6 +180,46 @@ int mark_then_wait_for_go(const cohort::comm::EnvMap& env, const std::string& na
   return 0;
 }
 
+// The `ft` scenario (see the top of the file).
+int fault_tolerance(const cohort::comm::EnvMap& env, const cohort::comm::WorldInfo& info, int target, int deaths) {
+  const auto var = [&](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::string("<unset>") : it->second;
+  };
+  const int incarnation = std::stoi(env.at("COHORT_FT_INCARNATION"));
+  const auto me = "rank=" + std::to_string(info.rank) + " incarnation=" + std::to_string(incarnation) +
+                  " pid=" + std::to_string(getpid());
+  std::cout << "ft start " << me << std::endl;
+  std::cout << "ft env rank=" << info.rank << " incarnation=" << incarnation << " RANK=" << var("RANK")
+            << " LOCAL_RANK=" << var("LOCAL_RANK") << " MASTER_PORT=" << var("MASTER_PORT")
+            << " COHORT_STORE_PREFIX=" << var("COHORT_STORE_PREFIX")
+            << " COHORT_FAULT_TOLERANCE=" << var("COHORT_FAULT_TOLERANCE")
+            << " COHORT_FT_MIN_REPLICAS=" << var("COHORT_FT_MIN_REPLICAS")
+            << " TORCHELASTIC_RESTART_COUNT=" << var("TORCHELASTIC_RESTART_COUNT")
+            << " TORCHELASTIC_ERROR_FILE=" << var("TORCHELASTIC_ERROR_FILE") << std::endl;
+  if (info.rank == target && incarnation < deaths) raise(SIGKILL);
+  const std::string stop = env.at("COHORT_TEST_MARKER_DIR") + "/stop";
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (::access(stop.c_str(), F_OK) != 0) {
+    expect(std::chrono::steady_clock::now() < until, "the test's stop file within 120 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (target >= 0 && info.rank != target) {
+    // The view a worker has of the job's store: PrefixStore(COHORT_STORE_PREFIX, client).
+    auto store = cohort::comm::make_world_store(
+        info, cohort::comm::InitOptions().join_timeout(std::chrono::seconds(10)));
+    const std::string dead = "cohort/ft/dead/" + std::to_string(target), event = "cohort/ft/event/1";
+    store->wait({dead, event}, std::chrono::seconds(10));
+    auto text = [&](const std::string& key) {
+      auto bytes = store->get(key);
+      return std::string(bytes.begin(), bytes.end());
+    };
+    std::cout << "ft keys dead=" << text(dead) << " event1=" << text(event) << std::endl;
+  }
+  std::cout << "ft exit " << me << std::endl;
+  return 0;
+}
+
 void write_raw(const std::string& text) {
   expect(::write(STDOUT_FILENO, text.data(), text.size()) == static_cast<ssize_t>(text.size()), "write");
 }
@@ -221,6 +269,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (scenario == "late_store") return late_store(env, target > 0 ? target : 4);
+  if (scenario == "ft") return fault_tolerance(env, info, target, argc > 3 ? std::atoi(argv[3]) : 1);
   if (scenario == "absent" && info.rank == target) wait_forever();
 
   auto world = World::init();

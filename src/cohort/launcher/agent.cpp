@@ -7,15 +7,19 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "cohort/launcher/agent_store.h"
 #include "cohort/launcher/elastic_agent.h"
 #include "cohort/launcher/failure.h"
+#include "cohort/launcher/in_process.h"
 #include "cohort/launcher/restart_pacing.h"
 #include "cohort/launcher/signal_pipe.h"
 #include "cohort/launcher/static_rendezvous.h"
@@ -61,6 +65,13 @@ int pause_before_restart(RestartPacing& pacing, std::chrono::steady_clock::durat
   const auto pause = pacing.after_failure(std::chrono::duration_cast<std::chrono::milliseconds>(ran_for));
   fmt::print(stderr, "{}", pacing.explain(pause));
   return wait_for_signal(signal_fd, pause);
+}
+
+// The workers whose last incarnation failed (in-process mode runs several per slot).
+int count_failed_slots(const AttemptResult& result) {
+  std::map<int, bool> failed;  // by local rank; later exits overwrite earlier ones
+  for (const auto& o : result.in_exit_order) failed[o.slot.local_rank] = !o.succeeded();
+  return static_cast<int>(std::count_if(failed.begin(), failed.end(), [](const auto& f) { return f.second; }));
 }
 
 std::string random_id() {
@@ -130,6 +141,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   } reaper_stop;  // on every way out, errors included
   // Everything that can be wrong with the input is checked before anything starts.
   const int nproc = resolve_nproc(options.nproc_per_node, resources.cpu_count, resources.gpu_count);
+  check_min_replicas(options, nproc * options.max_nodes);
   auto path = env.count("PATH") ? env.at("PATH") : std::string("/usr/bin:/bin");
   const std::string program = resolve_program(options.program, path);
   std::string run_id = options.run_id;
@@ -155,6 +167,14 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
                          run_id};
   int exit_code = 1;
   RestartPacing pacing(restart_pacing_for(options.monitor_interval));
+  // --fault-tolerance in-process: one attempt, whose dead workers are replaced alone
+  // (launcher/in_process.h); --max-restarts counts those replacements.
+  std::optional<InProcessRestarts> in_process;
+  // Publishing a death must not keep the agent from the survivors for long: the store
+  // is this agent's own, so 10 s is plenty (or --join-timeout, when shorter).
+  if (in_process_fault_tolerance(options))
+    in_process.emplace(rendezvous.workers_view(0, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10))),
+                       options.max_restarts);
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
     const auto started = std::chrono::steady_clock::now();
@@ -162,6 +182,9 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     for (auto& [name, value] : rendezvous.worker_variables(attempt)) attempt_env[name] = value;
     WorkerGroup running(options, attempt_env, program, assignment, nproc, context, dir.attempt(attempt),
                         g_signal_pipe[0]);
+    if (in_process)
+      running.on_worker_failure(
+          [&](const WorkerOutcome& dead, int incarnation) { return in_process->on_death(dead, incarnation); });
     auto result = running.monitor();
     running.print_report();
     const auto ran_for = std::chrono::steady_clock::now() - started;
@@ -176,6 +199,13 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     }
     FailureContext fc{util::host_name(), run_id, attempt, options.max_restarts};
     fmt::print(stderr, "{}", failure_summary(result.in_exit_order, fc));
+    if (in_process) {
+      fmt::print(stderr, "cohort run: fault tolerance in-process: {} worker(s) not replaced or failed in their last "
+                         "incarnation, {} of --max-restarts {} single-worker restart(s) used\n",
+                 count_failed_slots(result), in_process->restarts_used(), options.max_restarts);
+      exit_code = 1;
+      break;
+    }
     if (attempt >= options.max_restarts) {
       exit_code = 1;
       break;

@@ -24,7 +24,8 @@ constexpr const char* kDescription =
     "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,\n"
     "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_* and (several workers, unset)\n"
     "OMP_NUM_THREADS=1. Output lines are prefixed with the worker's rank. When a worker\n"
-    "fails, the others are stopped and the launcher exits 1 naming the first failure.\n"
+    "fails, the others are stopped and the launcher exits 1 naming the first failure\n"
+    "(with --fault-tolerance in-process, only the dead worker is restarted: docs/launcher.md).\n"
     "PROGRAM is any executable; it need not link cohort. As with torchrun, every flag\n"
     "can also be set by PET_<NAME> (PET_NPROC_PER_NODE, PET_NNODES, PET_RDZV_ENDPOINT, ...);\n"
     "a flag on the command line takes precedence.\n\n"
@@ -72,7 +73,10 @@ UsageError naming_variables(const UsageError& e, const std::map<std::string, std
 
 // What the parsed flags mean together; throws UsageError naming the flag.
 void finish_options(CLI::App& app, RunOptions& o, const std::string& nnodes, const std::string& redirects,
-                    const std::string& tee, const std::string& filter) {
+                    const std::string& tee, const std::string& filter, int min_replicas) {
+  // Given on the command line or by PET_MIN_REPLICAS: validate() refuses it without
+  // --fault-tolerance in-process.
+  if (app.get_option("--min-replicas")->count() > 0) o.min_replicas = min_replicas;
   auto rest = app.remaining();
   bool separated = !rest.empty() && rest.front() == "--";
   if (separated) rest.erase(rest.begin());
@@ -121,6 +125,7 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
                                             const comm::EnvMap& env) {
   RunOptions o;
   std::string nnodes = "1", redirects = "0", tee = "0", filter;
+  int min_replicas = 1;
   bool no_python = false;
   CLI::App app(kDescription, "cohort run");
   app.prefix_command();
@@ -157,8 +162,17 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
       ->default_str("none");
   app.add_option("--role", o.role, "Worker role name (ROLE_NAME)")->default_str("default");
   app.add_option(spellings("max-restarts"), o.max_restarts,
-                 "Restart all workers up to this many times after a failure, counted for the whole job")
+                 "Restart all workers up to this many times after a failure, counted for the whole job "
+                 "(with --fault-tolerance in-process: single-worker restarts)")
       ->default_str("0");
+  app.add_option(spellings("fault-tolerance"), o.fault_tolerance,
+                 "none: a failed worker stops and restarts every worker; in-process: only the dead worker is "
+                 "restarted (same RANK, COHORT_FT_INCARNATION+1) and the others go on (one static node)")
+      ->default_str("none");
+  app.add_option(spellings("min-replicas"), min_replicas,
+                 "With --fault-tolerance in-process: the fewest live workers the job trains with "
+                 "(COHORT_FT_MIN_REPLICAS)")
+      ->default_str("1");
   app.add_option(spellings("monitor-interval"), o.monitor_interval,
                  "Seconds between liveness checks of the workers (exits are also seen at once)")
       ->default_str("0.1");
@@ -197,7 +211,7 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
   }
   const auto from_env = apply_pet_variables(app, env);
   try {
-    finish_options(app, o, nnodes, redirects, tee, filter);
+    finish_options(app, o, nnodes, redirects, tee, filter, min_replicas);
   } catch (const UsageError& e) {
     throw naming_variables(e, from_env);
   }

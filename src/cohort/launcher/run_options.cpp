@@ -90,6 +90,16 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
 
 bool is_elastic(const RunOptions& o) { return o.rdzv_backend == "c10d"; }
 
+bool in_process_fault_tolerance(const RunOptions& o) { return o.fault_tolerance == "in-process"; }
+
+void check_min_replicas(const RunOptions& o, int world_size) {
+  if (!o.min_replicas) return;
+  if (*o.min_replicas > world_size)
+    throw UsageError(fmt::format("--min-replicas {}: the job has only {} worker(s) (--nproc-per-node x --nnodes); "
+                                 "give at most {}",
+                                 *o.min_replicas, world_size, world_size));
+}
+
 elastic::WorkerStore worker_store_of(const RunOptions& o) {
   const auto keys = elastic::rdzv_conf_keys(o.rdzv_conf);
   if (!is_elastic(o) && o.max_nodes > 1 && std::find(keys.begin(), keys.end(), "worker_store") == keys.end())
@@ -224,11 +234,46 @@ void validate_elastic(const RunOptions& o) {
   validate_common(o);
 }
 
+// Note [In-process fault tolerance needs one static node]
+// The launcher replaces a dead worker with the same RANK on the same store, which
+// only the static agent of a single node can do today: the elastic agent ends a
+// round when a worker fails and re-forms the world, and a static job of several
+// nodes would need every node's agent to publish its deaths in one place. Both are
+// refused rather than half supported.
+void validate_fault_tolerance(const RunOptions& o) {
+  if (o.fault_tolerance != "none" && o.fault_tolerance != "in-process")
+    throw UsageError(fmt::format("--fault-tolerance {}: use none (a failure restarts every worker) or in-process "
+                                 "(only the dead worker is restarted)",
+                                 o.fault_tolerance));
+  if (!in_process_fault_tolerance(o)) {
+    if (o.min_replicas)
+      throw UsageError("--min-replicas only applies to --fault-tolerance in-process; add --fault-tolerance "
+                       "in-process, or drop --min-replicas");
+    return;
+  }
+  if (o.min_replicas && *o.min_replicas < 1)
+    throw UsageError(fmt::format("--min-replicas {}: must be at least 1", *o.min_replicas));
+  if (o.standalone)
+    throw UsageError("--fault-tolerance in-process: not supported with --standalone yet; drop --standalone (the "
+                     "static rendezvous of one node runs it), or use --fault-tolerance none with --max-restarts");
+  if (is_elastic(o))
+    throw UsageError("--fault-tolerance in-process: not supported with the elastic rendezvous (--rdzv-backend c10d) "
+                     "yet; use the static rendezvous of one node (drop --rdzv-backend), or --fault-tolerance none "
+                     "with --max-restarts");
+  if (o.max_nodes > 1 || o.min_nodes > 1)
+    throw UsageError(fmt::format("--fault-tolerance in-process: not supported with --nnodes {} yet, only one node; "
+                                 "run one node (--nnodes 1), or use --fault-tolerance none",
+                                 o.max_nodes));
+}
+
 }  // namespace
 
 void validate(const RunOptions& o) {
-  if (o.nproc_per_node != "auto" && o.nproc_per_node != "cpu" && o.nproc_per_node != "gpu")
-    resolve_nproc(o.nproc_per_node, 1, 0);
+  validate_fault_tolerance(o);  // Note [In-process fault tolerance needs one static node]
+  if (o.nproc_per_node != "auto" && o.nproc_per_node != "cpu" && o.nproc_per_node != "gpu") {
+    const int nproc = resolve_nproc(o.nproc_per_node, 1, 0);
+    check_min_replicas(o, nproc * o.max_nodes);
+  }
   if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d")
     throw UsageError(fmt::format("--rdzv-backend {}: use c10d (elastic, cohort's authenticated store) or static",
                                  o.rdzv_backend));

@@ -52,6 +52,11 @@ struct RunOptions {
   std::string rdzv_conf;
   std::string rdzv_token;  // --rdzv-token, else COHORT_RDZV_TOKEN
   int max_restarts = 0;
+  // --fault-tolerance: "none" (a failure stops and restarts every worker) or
+  // "in-process" (only the dead worker is restarted; launcher/in_process.h).
+  std::string fault_tolerance = "none";
+  // --min-replicas, for in-process only (unset: 1), exported as COHORT_FT_MIN_REPLICAS.
+  std::optional<int> min_replicas;
   double monitor_interval = 0.1;  // seconds
   double stop_timeout = 5.0;      // seconds between SIGTERM and SIGKILL
   double join_timeout = 300.0;    // seconds for the agents of a multi-node job to meet
@@ -75,6 +80,14 @@ struct RunOptions {
 };
 
 bool is_elastic(const RunOptions& options);
+
+// --fault-tolerance in-process: the launcher restarts only a worker that died
+// (launcher/in_process.h).
+bool in_process_fault_tolerance(const RunOptions& options);
+
+// --min-replicas against the job's size, once the worker count is known (validate()
+// checks it when --nproc-per-node is a number). Throws UsageError naming the flag.
+void check_min_replicas(const RunOptions& options, int world_size);
 
 // What the workers' MASTER_ADDR/MASTER_PORT lead to (Note [The workers' store] in
 // launcher/worker_store.h): --rdzv-conf worker_store, whose default is cohort's

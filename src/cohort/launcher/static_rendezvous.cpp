@@ -124,9 +124,21 @@ void StaticRendezvous::host_authenticated_store() {
 
 comm::EnvMap StaticRendezvous::worker_variables(int attempt) const {
   if (!server_) return {};
-  return {{"COHORT_AGENT_STORE", "cohort"},
-          {"COHORT_RDZV_TOKEN", token_},
-          {"COHORT_STORE_PREFIX", fmt::format("/cohort/static/attempt_{}/worker", attempt)}};
+  return {{"COHORT_AGENT_STORE", "cohort"}, {"COHORT_RDZV_TOKEN", token_}, {"COHORT_STORE_PREFIX", worker_prefix(attempt)}};
+}
+
+std::string StaticRendezvous::worker_prefix(int attempt) const {
+  return server_ ? fmt::format("/cohort/static/attempt_{}/worker", attempt) : fmt::format("/worker/attempt_{}", attempt);
+}
+
+c10::intrusive_ptr<c10d::Store> StaticRendezvous::workers_view(int attempt, std::chrono::milliseconds timeout) const {
+  c10::intrusive_ptr<c10d::Store> client;
+  if (server_)
+    client = c10::make_intrusive<store::StoreClient>(address_, port_, token_, timeout, certificates_);
+  else
+    client = compat::make_tcp_store(address_, static_cast<std::uint16_t>(port_), false, timeout);
+  client->setTimeout(timeout);
+  return c10::make_intrusive<c10d::PrefixStore>(worker_prefix(attempt), std::move(client));
 }
 
 Assignment StaticRendezvous::assign(int local_world_size) {

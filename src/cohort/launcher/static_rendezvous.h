@@ -53,6 +53,13 @@ class StaticRendezvous {
   // What workers of `attempt` need beyond the torchrun contract to reach the store:
   // its token and their prefix when it is cohort's store; nothing for a TCPStore.
   comm::EnvMap worker_variables(int attempt) const;
+  // The workers' key prefix in `attempt`: COHORT_STORE_PREFIX for cohort's store,
+  // torchrun's "/worker/attempt_<n>" for a TCPStore (comm::world_info_from).
+  std::string worker_prefix(int attempt) const;
+  // A new client of the store, under worker_prefix(attempt): it sees the keys
+  // exactly where the workers of `attempt` see them (launcher/in_process.h). Each of
+  // its operations is bounded by `timeout`. Throws what connecting throws.
+  c10::intrusive_ptr<c10d::Store> workers_view(int attempt, std::chrono::milliseconds timeout) const;
 
  private:
   void host_authenticated_store();

@@ -67,7 +67,7 @@ comm::EnvMap without_launcher_variables(const comm::EnvMap& env) {
 }
 
 comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& options, const WorkerSlot& slot,
-                                const AttemptContext& attempt, const std::string& error_file) {
+                                const AttemptContext& attempt, const std::string& error_file, int incarnation) {
   comm::EnvMap env = base;
   auto set = [&](const char* name, const std::string& value) { env[name] = value; };
   auto set_int = [&](const char* name, int value) { env[name] = std::to_string(value); };
@@ -88,6 +88,13 @@ comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& opti
   set("TORCHELASTIC_RUN_ID", attempt.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", error_file);
+  if (in_process_fault_tolerance(options)) {
+    set("COHORT_FAULT_TOLERANCE", "in-process");
+    set_int("COHORT_FT_MIN_REPLICAS", options.min_replicas.value_or(1));
+    set_int("COHORT_FT_INCARNATION", incarnation);
+  } else {
+    for (const char* name : {"COHORT_FAULT_TOLERANCE", "COHORT_FT_MIN_REPLICAS", "COHORT_FT_INCARNATION"}) env.erase(name);
+  }
   set_nccl_async_error_handling(env);
   set_thread_policy(env, slot.local_world_size);
   if (!options.timeline_dir.empty()) {

@@ -37,17 +37,22 @@ struct AttemptContext {
 // inherits them from the outer job, and its workers would follow them to the outer
 // job's store and hang; so each mode clears those it does not set itself. The elastic
 // agent sets the store's three; the static one clears them. COHORT_CONSOLE_TTY is
-// set or cleared per worker (Note [Progress lines]).
-inline constexpr const char* kLauncherOwnedVariables[] = {"COHORT_AGENT_STORE", "COHORT_STORE_PREFIX",
-                                                         "COHORT_RDZV_TOKEN", "COHORT_CONSOLE_TTY",
-                                                         "COHORT_REPORT_FILE"};
+// set or cleared per worker (Note [Progress lines]); the COHORT_F* variables of
+// --fault-tolerance in-process are set only in that mode.
+inline constexpr const char* kLauncherOwnedVariables[] = {
+    "COHORT_AGENT_STORE",     "COHORT_STORE_PREFIX",    "COHORT_RDZV_TOKEN",    "COHORT_CONSOLE_TTY",
+    "COHORT_REPORT_FILE",     "COHORT_FAULT_TOLERANCE", "COHORT_FT_MIN_REPLICAS", "COHORT_FT_INCARNATION"};
 
 // `env` without kLauncherOwnedVariables, nor PET_RDZV_TOKEN: the base of every
 // worker's environment.
 comm::EnvMap without_launcher_variables(const comm::EnvMap& env);
 
 // `base` is the launcher's own environment; the result is base plus the contract.
+// Under --fault-tolerance in-process it also holds COHORT_FAULT_TOLERANCE=in-process,
+// COHORT_FT_MIN_REPLICAS and COHORT_FT_INCARNATION=`incarnation` (0 for a rank's
+// first process, k for its k-th replacement), and nothing else differs between the
+// incarnations of a rank (Note [A replacement is its rank] in launcher/in_process.h).
 comm::EnvMap worker_environment(const comm::EnvMap& base, const RunOptions& options, const WorkerSlot& slot,
-                                const AttemptContext& attempt, const std::string& error_file);
+                                const AttemptContext& attempt, const std::string& error_file, int incarnation = 0);
 
 }  // namespace cohort::launcher

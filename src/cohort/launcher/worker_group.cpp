@@ -36,10 +36,19 @@ bool is_stopped(pid_t pid) {
 WorkerGroup::WorkerGroup(const RunOptions& options, const comm::EnvMap& env, const std::string& program,
                          const Assignment& assignment, int nproc, const AttemptContext& context, const fs::path& dir,
                          int signal_fd)
-    : options_(options), signal_fd_(signal_fd), stop_after_(options.stop_timeout), report_path_(dir / "report.txt") {
+    : options_(options),
+      env_(env),
+      program_(program),
+      assignment_(assignment),
+      nproc_(nproc),
+      context_(context),
+      dir_(dir),
+      signal_fd_(signal_fd),
+      stop_after_(options.stop_timeout),
+      report_path_(dir / "report.txt") {
   try {
     make_log_dirs(dir, nproc);
-    spawn_all(env, program, assignment, nproc, context, dir);
+    for (int local = 0; local < nproc; ++local) workers_.push_back(spawn_one(local, 0));
   } catch (...) {
     kill_and_reap_all();  // a half-started job leaves nothing behind
     throw;
@@ -87,40 +96,64 @@ void WorkerGroup::make_log_dirs(const fs::path& dir, int nproc) {
              failed.string(), ec.message());
 }
 
-void WorkerGroup::spawn_all(const comm::EnvMap& env, const std::string& program, const Assignment& assignment,
-                            int nproc, const AttemptContext& context, const fs::path& dir) {
-  for (int local = 0; local < nproc; ++local) {
-    WorkerSlot slot{local, assignment.base_rank + local, nproc, assignment.world_size, assignment.group_rank,
-                    assignment.group_world_size};
-    auto worker_dir = dir / std::to_string(local);
-    auto error_file = logs_ ? (worker_dir / "error.json").string() : std::string();
-    std::error_code ignored;
-    if (logs_) fs::remove(error_file, ignored);
-    auto worker_env = worker_environment(env, options_, slot, context, error_file);
-    // Rank 0's straggler report and such, for the launcher's summary (trace/straggler.h).
-    // An outer job's value must not leak in (Note [Variables the launcher owns]).
-    if (logs_) {
-      worker_env["COHORT_REPORT_FILE"] = report_path_.string();
-    } else {  // Note [Logs never stop the job]
-      worker_env.erase("COHORT_REPORT_FILE");
-      worker_env.erase("TORCHELASTIC_ERROR_FILE");
+// Note [A replacement is its rank]: incarnation k > 0 differs from the first only
+// by COHORT_FT_INCARNATION and its folder, <local>_<k>.
+WorkerGroup::Worker WorkerGroup::spawn_one(int local, int incarnation) {
+  WorkerSlot slot{local, assignment_.base_rank + local, nproc_, assignment_.world_size, assignment_.group_rank,
+                  assignment_.group_world_size};
+  auto worker_dir = dir_ / (incarnation == 0 ? std::to_string(local) : fmt::format("{}_{}", local, incarnation));
+  bool logs = logs_;
+  if (logs && incarnation > 0) {
+    std::error_code ec;
+    fs::create_directories(worker_dir, ec);
+    if (ec) {  // Note [Logs never stop the job], for this worker alone
+      logs = false;
+      fmt::print(stderr, "cohort run: warning: cannot create {}: {}; worker {}'s incarnation {} runs with its output "
+                         "on the console only (no log files, no error file)\n",
+                 worker_dir.string(), ec.message(), slot.rank, incarnation);
     }
-    // The worker's stdout is a pipe; tell it when what it prints lands on a terminal
-    // (Note [Progress lines]).
-    if (console_is_tty(STDOUT_FILENO) && shown_on_console(redirected(options_.redirects.stdout_for(local)), slot))
-      worker_env["COHORT_CONSOLE_TTY"] = "1";
-    else
-      worker_env.erase("COHORT_CONSOLE_TTY");
-    auto proc = WorkerProcess::spawn({program, options_.program_args, worker_env});
-    Worker w{proc, {}, false};
-    w.outcome.slot = slot;
-    w.outcome.pid = proc.pid();
-    w.outcome.error_file = error_file;
-    workers_.push_back(w);
-    route(proc.stdout_fd(), STDOUT_FILENO, redirected(options_.redirects.stdout_for(local)),
-          logs_ && options_.tee.stdout_for(local), worker_dir / "stdout.log", slot);
-    route(proc.stderr_fd(), STDERR_FILENO, redirected(options_.redirects.stderr_for(local)),
-          logs_ && options_.tee.stderr_for(local), worker_dir / "stderr.log", slot);
+  }
+  auto error_file = logs ? (worker_dir / "error.json").string() : std::string();
+  std::error_code ignored;
+  if (logs) fs::remove(error_file, ignored);
+  auto worker_env = worker_environment(env_, options_, slot, context_, error_file, incarnation);
+  // Rank 0's straggler report and such, for the launcher's summary (trace/straggler.h).
+  // An outer job's value must not leak in (Note [Variables the launcher owns]).
+  if (logs) {
+    worker_env["COHORT_REPORT_FILE"] = report_path_.string();
+  } else {  // Note [Logs never stop the job]
+    worker_env.erase("COHORT_REPORT_FILE");
+    worker_env.erase("TORCHELASTIC_ERROR_FILE");
+  }
+  // The worker's stdout is a pipe; tell it when what it prints lands on a terminal
+  // (Note [Progress lines]).
+  const bool out_redirected = logs && options_.redirects.stdout_for(local);
+  const bool err_redirected = logs && options_.redirects.stderr_for(local);
+  if (console_is_tty(STDOUT_FILENO) && shown_on_console(out_redirected, slot))
+    worker_env["COHORT_CONSOLE_TTY"] = "1";
+  else
+    worker_env.erase("COHORT_CONSOLE_TTY");
+  auto proc = WorkerProcess::spawn({program_, options_.program_args, worker_env});
+  Worker w{proc, {}, false};
+  w.incarnation = incarnation;
+  w.outcome.slot = slot;
+  w.outcome.pid = proc.pid();
+  w.outcome.error_file = error_file;
+  route(proc.stdout_fd(), STDOUT_FILENO, out_redirected, logs && options_.tee.stdout_for(local),
+        worker_dir / "stdout.log", slot);
+  route(proc.stderr_fd(), STDERR_FILENO, err_redirected, logs && options_.tee.stderr_for(local),
+        worker_dir / "stderr.log", slot);
+  return w;
+}
+
+// Starts the next incarnation of `dead` in its place. A replacement that cannot start
+// leaves the dead one there: the job then ends with exit code 1.
+void WorkerGroup::replace(Worker& dead) {
+  try {
+    dead = spawn_one(dead.outcome.slot.local_rank, dead.incarnation + 1);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "cohort run: could not start the replacement of worker {}: {}; the others go on\n",
+               dead.outcome.slot.rank, e.what());
   }
 }
 
@@ -178,8 +211,10 @@ AttemptResult WorkerGroup::monitor() {
     reap(result);  // also catches exits whose SIGCHLD coalesced with another
     tick(result);
   }
+  // The last incarnation of every worker: in-process mode replaces a dead worker
+  // (Note [A replacement is its rank]); otherwise each worker has exactly one.
   result.success = result.received_signal == 0;
-  for (const auto& o : result.in_exit_order) result.success = result.success && o.succeeded();
+  for (const auto& w : workers_) result.success = result.success && w.outcome.succeeded();
   return result;
 }
 
@@ -201,7 +236,10 @@ void WorkerGroup::tick(AttemptResult& result) {
 // agent looks at each worker's state every tick, and one that has stayed stopped for
 // --frozen-timeout is killed with SIGKILL (which works on a stopped process) and
 // reported as hung; the usual failure path then restarts the job.
+// Under --fault-tolerance in-process it is left alone: the workers' library drops it
+// from the quorum and takes it back when it resumes. The agent says so once per stop.
 void WorkerGroup::kill_frozen() {
+  const bool keep = in_process_fault_tolerance(options_);
   auto now = Clock::now();
   auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.frozen_timeout));
   // A long gap between looks means the agent itself was suspended (a job
@@ -215,9 +253,17 @@ void WorkerGroup::kill_frozen() {
     if (w.exited) continue;
     if (!is_stopped(w.outcome.pid)) {
       w.stopped_since = {};
+      w.frozen_noted = false;
       continue;
     }
     if (w.stopped_since == Clock::time_point{}) w.stopped_since = now;
+    if (keep) {
+      if (now - w.stopped_since >= limit && !w.frozen_noted) {
+        w.frozen_noted = true;
+        fmt::print(stderr, "{}", frozen_note(w.outcome.slot.rank, w.incarnation, w.outcome.pid, options_.frozen_timeout));
+      }
+      continue;
+    }
     if (now - w.stopped_since >= limit && !w.outcome.frozen) {
       w.outcome.frozen = true;
       w.process.signal_group(SIGKILL);
@@ -307,7 +353,12 @@ void WorkerGroup::reap(AttemptResult& result) {
     if (w.outcome.succeeded()) w.outcome.stopped_by_launcher = false;
     w.outcome.error = elastic::read_error_file(w.outcome.error_file);
     result.in_exit_order.push_back(w.outcome);
-    if (!w.outcome.succeeded()) begin_stop(SIGTERM, true);
+    if (w.outcome.succeeded()) continue;
+    const auto action = on_failure_ && !stopping_ ? on_failure_(w.outcome, w.incarnation) : FailureAction::kStopAll;
+    if (action == FailureAction::kReplace)
+      replace(w);  // at once: no settle window, no pacing, the others untouched
+    else if (action == FailureAction::kStopAll)
+      begin_stop(SIGTERM, true);
   }
 }
 

@@ -4,7 +4,9 @@
 // runs one per restart; the elastic agent will run one per rendezvous round.
 //
 // Every wait is bounded. After a worker failure the others get a settle window
-// (Note [Root cause]), then SIGTERM, then SIGKILL after --stop-timeout.
+// (Note [Root cause]), then SIGTERM, then SIGKILL after --stop-timeout; unless
+// on_worker_failure() says to replace the dead worker alone, or to leave its slot
+// empty (--fault-tolerance in-process, launcher/in_process.h).
 #include <signal.h>
 
 #include <filesystem>
@@ -14,6 +16,7 @@
 
 #include "cohort/comm/environment.h"
 #include "cohort/launcher/failure.h"
+#include "cohort/launcher/in_process.h"
 #include "cohort/launcher/output_router.h"
 #include "cohort/launcher/run_options.h"
 #include "cohort/launcher/static_rendezvous.h"
@@ -47,7 +50,17 @@ class WorkerGroup {
   // failure. What it throws propagates out of monitor(), and the workers are killed.
   void on_tick(std::function<bool()> tick) { tick_ = std::move(tick); }
 
-  // Runs until every worker has exited and its output is drained.
+  // Called at once when a worker exits with a non-zero code or by a signal, unless
+  // the group is already stopping (a signal to the launcher, or an earlier failure);
+  // `incarnation` counts the worker's replacements. kReplace starts a replacement of
+  // that worker alone, at once (Note [A replacement is its rank]); kLeave leaves its
+  // slot empty; kStopAll (and no callback) stops every worker. Under --fault-tolerance
+  // in-process the group also never kills a stopped worker (Note [Frozen workers]).
+  using FailureCallback = std::function<FailureAction(const WorkerOutcome&, int incarnation)>;
+  void on_worker_failure(FailureCallback decide) { on_failure_ = std::move(decide); }
+
+  // Runs until every worker has exited and its output is drained. Success means no
+  // signal to the launcher and the last incarnation of every worker exited 0.
   AttemptResult monitor();
 
   // What the workers left for the launcher's summary in COHORT_REPORT_FILE (rank 0's
@@ -62,14 +75,14 @@ class WorkerGroup {
     WorkerOutcome outcome;
     bool exited = false;
     std::chrono::steady_clock::time_point stopped_since{};  // epoch: not seen stopped
+    int incarnation = 0;        // 0, then 1 for its first replacement, ...
+    bool frozen_noted = false;  // in-process mode said it is stopped (once per stop)
   };
   using Clock = std::chrono::steady_clock;
 
-  void spawn_all(const comm::EnvMap& env, const std::string& program, const Assignment& assignment, int nproc,
-                 const AttemptContext& context, const std::filesystem::path& dir);
+  Worker spawn_one(int local, int incarnation);
+  void replace(Worker& dead);
   void make_log_dirs(const std::filesystem::path& dir, int nproc);
-  // --redirects for a stream, unless this attempt has no log folder.
-  bool redirected(bool asked) const { return asked && logs_; }
   bool shown_on_console(bool redirected, const WorkerSlot& slot) const;
   bool console_is_tty(int console) const;
   void route(int source, int console, bool redirected, bool teed, const std::filesystem::path& log,
@@ -85,6 +98,13 @@ class WorkerGroup {
   void kill_frozen();
 
   const RunOptions& options_;
+  // What spawn_one() needs, kept for replacements (Note [A replacement is its rank]).
+  comm::EnvMap env_;
+  std::string program_;
+  Assignment assignment_;
+  int nproc_;
+  AttemptContext context_;
+  std::filesystem::path dir_;
   int signal_fd_;
   std::chrono::duration<double> stop_after_;
   std::filesystem::path report_path_;
@@ -98,6 +118,7 @@ class WorkerGroup {
   Clock::time_point next_tick_ = Clock::time_point::min();
   Clock::time_point last_frozen_check_ = Clock::now();
   std::function<bool()> tick_;
+  FailureCallback on_failure_;
 };
 
 }  // namespace cohort::launcher

@@ -1,0 +1,71 @@
+#include "cohort/launcher/in_process.h"
+
+#include <fmt/format.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+
+#include "cohort/util/bytes.h"
+
+namespace cohort::launcher {
+
+std::string ft_dead_key(int rank) { return fmt::format("cohort/ft/dead/{}", rank); }
+
+std::string ft_event_key(std::int64_t n) { return fmt::format("cohort/ft/event/{}", n); }
+
+std::int64_t publish_death(c10d::Store& store, int rank, int incarnation) {
+  store.set(ft_dead_key(rank), util::to_bytes(std::to_string(incarnation)));
+  const auto n = store.add(kFtEventsKey, 1);
+  store.set(ft_event_key(n), util::to_bytes(fmt::format("dead {} {}", rank, incarnation)));
+  return n;
+}
+
+std::string describe_death(int wait_status) {
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    const char* name = sigabbrev_np(sig);
+    return name ? fmt::format("was killed by SIG{}", name) : fmt::format("was killed by signal {}", sig);
+  }
+  return fmt::format("exited with code {}", WEXITSTATUS(wait_status));
+}
+
+std::string death_line(int rank, int incarnation, pid_t pid, int wait_status, int restart, int max_restarts) {
+  const auto head = fmt::format("cohort run: worker {} (incarnation {}, pid {}) {}; ", rank, incarnation, pid,
+                                describe_death(wait_status));
+  if (restart > 0)
+    return head + fmt::format("restarting only this worker (fault tolerance in-process, restart {} of {})\n", restart,
+                              max_restarts);
+  return head + fmt::format("not replaced: --max-restarts {} spent; the others go on\n", max_restarts);
+}
+
+std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_timeout) {
+  return fmt::format("cohort run: worker {} (incarnation {}, pid {}) has been stopped (SIGSTOP) for over {:g} s "
+                     "(--frozen-timeout); not killed under --fault-tolerance in-process: the others drop it from "
+                     "their quorum and take it back when it resumes (SIGCONT)\n",
+                     rank, incarnation, pid, frozen_timeout);
+}
+
+InProcessRestarts::InProcessRestarts(c10::intrusive_ptr<c10d::Store> workers_store, int max_restarts)
+    : store_(std::move(workers_store)), max_restarts_(max_restarts) {}
+
+FailureAction InProcessRestarts::on_death(const WorkerOutcome& outcome, int incarnation) {
+  const int rank = outcome.slot.rank;
+  try {
+    publish_death(*store_, rank, incarnation);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "cohort run: warning: could not publish the death of worker {} on the job's store: {}\n", rank,
+               e.what());
+  }
+  const bool replace = used_ < max_restarts_;
+  if (replace)
+    ++used_;
+  else
+    ++not_replaced_;
+  fmt::print(stderr, "{}", death_line(rank, incarnation, outcome.pid, outcome.wait_status, replace ? used_ : 0,
+                                      max_restarts_));
+  std::fflush(stderr);
+  return replace ? FailureAction::kReplace : FailureAction::kLeave;
+}
+
+}  // namespace cohort::launcher

@@ -1,0 +1,86 @@
+#pragma once
+// `cohort run --fault-tolerance in-process`, the launcher's part: when a worker
+// dies, the agent tells the survivors through the job's store, says so on stderr,
+// and starts a replacement of that worker alone while --max-restarts lasts. The
+// survivors are never stopped on its account; the workers' library
+// (src/cohort/fault_tolerance/) reads the keys below and carries on in-process.
+//
+// Note [In-process fault tolerance: the keys]
+// Under the workers' own store prefix (what a worker's
+// PrefixStore(COHORT_STORE_PREFIX, client) sees; "/worker/attempt_0" under
+// worker_store=tcpstore), at once when worker RANK's incarnation K exits with a
+// non-zero code or by a signal, in this order:
+//   set  cohort/ft/dead/<RANK>  = "<K>"               (decimal text)
+//   n  = add(cohort/ft/events, 1)
+//   set  cohort/ft/event/<n>    = "dead <RANK> <K>"
+// and only then the replacement (incarnation K+1) starts, so that it, and anyone
+// who sees it, finds the death already published. Events are numbered from 1 in the
+// order the agent saw the deaths. The agent writes through a client of its own
+// (StaticRendezvous::workers_view), each operation bounded by 10 s; a store that
+// fails is reported on stderr and the replacement still starts.
+//
+// Note [A replacement is its rank]
+// A replacement gets exactly the environment of its rank's first process (RANK,
+// LOCAL_RANK, MASTER_PORT, COHORT_STORE_PREFIX, the token, TORCHELASTIC_RESTART_COUNT
+// ...) but for COHORT_FT_INCARNATION, and a log folder of its own
+// (attempt_0/<local_rank>_<K>), so that its error file never hides the one of the
+// incarnation that died and the root-cause report stays right.
+#include <sys/types.h>
+
+#include <string>
+
+#include "cohort/compat/c10d.h"
+#include "cohort/launcher/failure.h"
+
+namespace cohort::launcher {
+
+// What the worker group does about a worker that died.
+enum class FailureAction {
+  kStopAll,  // the default: stop every worker (the job restarts or fails)
+  kReplace,  // start a replacement of this worker alone
+  kLeave,    // leave its slot empty; the others go on
+};
+
+// The keys of Note [In-process fault tolerance: the keys].
+std::string ft_dead_key(int rank);
+inline constexpr const char* kFtEventsKey = "cohort/ft/events";
+std::string ft_event_key(std::int64_t n);
+
+// Publishes the death of `rank`'s incarnation `incarnation` on `store` (the
+// workers' prefix); returns the event's number.
+std::int64_t publish_death(c10d::Store& store, int rank, int incarnation);
+
+// "exited with code 3", "was killed by SIGKILL".
+std::string describe_death(int wait_status);
+
+// The launcher's line about a dead worker. `restart` is the restart about to happen
+// (1-based), or 0 when the budget is spent and the worker is not replaced.
+std::string death_line(int rank, int incarnation, pid_t pid, int wait_status, int restart, int max_restarts);
+
+// The note printed once when a worker has stayed stopped (SIGSTOP) past
+// --frozen-timeout, which in-process mode does not kill.
+std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_timeout);
+
+// The agent's side of in-process mode: --max-restarts single-worker restarts over
+// the whole job. Runs on the agent's main thread only.
+class InProcessRestarts {
+ public:
+  // `workers_store`: a client of the job's store under the workers' prefix.
+  InProcessRestarts(c10::intrusive_ptr<c10d::Store> workers_store, int max_restarts);
+
+  // Worker `outcome` (incarnation `incarnation`) died: publishes it, prints the line
+  // and says whether to replace it. A store that fails is reported and does not stop
+  // the replacement: the survivors still see the replacement join.
+  FailureAction on_death(const WorkerOutcome& outcome, int incarnation);
+
+  int restarts_used() const { return used_; }
+  int not_replaced() const { return not_replaced_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  int max_restarts_;
+  int used_ = 0;
+  int not_replaced_ = 0;
+};
+
+}  // namespace cohort::launcher
