@@ -38,7 +38,8 @@ std::vector<std::string> launch(const std::string& out, const std::vector<std::s
   std::vector<std::string> argv{COHORT_CLI_PATH,  "run",       "--nproc-per-node", std::to_string(kReplicas),
                                 "--fault-tolerance", "in-process", "--max-restarts", "3",
                                 "--stop-timeout",    "3",          COHORT_FT_WORKER_PATH,
-                                "--steps",           std::to_string(kSteps), "--out", out};
+                                "--steps",           std::to_string(kSteps), "--out", out,
+                                "--degraded-step-ms", "100"};
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }
@@ -144,6 +145,11 @@ TEST_F(FaultTolerance, SourceDiesDuringLiveTransfer) {
   // which dies while sending.
   auto r = run_ft(dir.path, {"--die", "1:backward:3", "--die", "0:sending:3"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("replica 0: sending q3"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("worker 0 (incarnation 0"), std::string::npos) << "the source did not die\n" << describe(r);
+  // Both replacements received the state from a live replica.
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 0: done .* received 1"))) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 1: done .* received 1"))) << describe(r);
   expect_reference_weights(dir.path, r);
   expect_survivor_committed_all(r, 2);
 }
@@ -167,6 +173,8 @@ TEST_F(FaultTolerance, StoppedReplicaIsDroppedAndTakenBack) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_EQ(r.err.find("restarting only this worker"), std::string::npos) << "a stopped replica is not dead\n"
                                                                            << describe(r);
+  // It was behind when it came back, and took the state of a live replica.
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 2: done .* received 1"))) << describe(r);
   expect_reference_weights(dir.path, r);
   expect_survivor_committed_all(r, 0);
 }

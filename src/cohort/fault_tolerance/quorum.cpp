@@ -19,6 +19,7 @@ std::string members(std::int64_t id) { return quorum(id) + "/members"; }
 std::string arrived(std::int64_t id, int replica) { return quorum(id) + "/arrived/" + std::to_string(replica); }
 std::string dead(int replica) { return "cohort/ft/dead/" + std::to_string(replica); }
 std::string latest() { return "cohort/ft/latest"; }
+std::string finished() { return "cohort/ft/finished"; }
 std::string join_requests() { return "cohort/ft/join_requests"; }
 std::string events() { return "cohort/ft/events"; }
 std::string event(std::int64_t n) { return "cohort/ft/event/" + std::to_string(n); }
@@ -124,17 +125,28 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
   std::map<int, Member> arrived;
   auto pause = std::chrono::microseconds(200);
   while (!store.check({members_key})) {
+    if (store.check({keys::finished()})) {
+      const auto step = std::stoll(util::from_bytes(store.get(keys::finished())));
+      throw TrainingFinished(fmt::format("cohort: fault tolerance: replica {} came to join quorum {}, but training "
+                                         "finished at step {}; there is nothing left to do",
+                                         me.id, target, step),
+                             step);
+    }
     const auto count = store.add(count_key, 0);
     if (count != seen_count) {
       arrived = read_arrivals(store, target, rules.max_replicas);
       seen_count = count;
     }
     std::vector<int> missing;
-    for (const auto& m : expected)
-      if (!arrived.count(m.id) && dead_incarnation(store, m.id) < m.incarnation) missing.push_back(m.id);
+    size_t dead = 0;
+    for (const auto& m : expected) {
+      const bool is_dead = dead_incarnation(store, m.id) >= m.incarnation;
+      dead += is_dead;
+      if (!arrived.count(m.id) && !is_dead) missing.push_back(m.id);
+    }
     const auto waited = Clock::now() - start;
     const bool enough = static_cast<int>(arrived.size()) >= rules.min_replicas;
-    const bool may_decide = was_member || missing.size() == expected.size();
+    const bool may_decide = was_member || dead == expected.size();
     if (may_decide && enough && (missing.empty() || waited >= rules.wait_for_expected)) {
       QuorumRecord proposal;
       proposal.id = target;

@@ -30,8 +30,20 @@
 #include <vector>
 
 #include "cohort/compat/c10d.h"
+#include "cohort/errors.h"
 
 namespace cohort::fault_tolerance {
+
+// Thrown to a replica that wants to join after the live replicas called
+// ReplicaGroup::finish(): there is nothing left to train; exit normally.
+class TrainingFinished : public Error {
+ public:
+  TrainingFinished(const std::string& message, std::int64_t step) : Error(message), step_(step) {}
+  std::int64_t step() const noexcept { return step_; }
+
+ private:
+  std::int64_t step_;
+};
 
 struct Member {
   int id = 0;           // the replica's launcher rank
@@ -58,6 +70,7 @@ std::string members(std::int64_t id);
 std::string arrived(std::int64_t id, int replica);
 std::string dead(int replica);
 std::string latest();
+std::string finished();
 std::string join_requests();
 std::string events();
 std::string event(std::int64_t n);
@@ -76,7 +89,8 @@ int dead_incarnation(c10d::Store& store, int replica);
 // Arrives at quorum `target` as `me`, and returns it once decided (by this replica
 // or another; Note [How a quorum forms]). The result may not include `me`. Throws
 // TimeoutError naming the missing replicas when fewer than min_replicas arrived
-// within wait_for_expected + below_minimum.
+// within wait_for_expected + below_minimum, TrainingFinished once keys::finished()
+// exists.
 // `arrived` (may be null) runs once this replica's arrival is written.
 QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& me, const FormRules& rules,
                          const std::function<void()>& arrived = nullptr);

@@ -163,6 +163,8 @@ void ReplicaGroup::on_transfer(std::function<void(std::ostream&)> save, std::fun
   load_ = std::move(load);
 }
 
+void ReplicaGroup::finish() { store_->set(keys::finished(), util::to_bytes(std::to_string(step_))); }
+
 const Quorum& ReplicaGroup::begin_step() {
   if (quorum_ && !need_regroup_) {
     quorum_->changed = false;
@@ -255,7 +257,13 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   auto event = [&](const char* what) {
     if (options_.on_event()) options_.on_event()(fmt::format("{} q{}", what, target));
   };
-  const auto record = form_quorum(*store_, target, me, rules, [&] { event("arrived"); });
+  // Note [Joining at a step boundary]: a replica outside the last quorum asks in
+  // once it has arrived.
+  const bool joining = fresh_ || (quorum_ && quorum_->id != target - 1);
+  const auto record = form_quorum(*store_, target, me, rules, [&] {
+    if (joining) store_->add(keys::join_requests(), 1);
+    event("arrived");
+  });
   const int index = record.index_of(id_);
   if (index < 0) {
     // Note [Joining at a step boundary]: ask the members to take this replica in.

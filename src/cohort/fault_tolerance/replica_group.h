@@ -7,7 +7,7 @@
 //   auto replicas = cohort::fault_tolerance::ReplicaGroup::join();   // under cohort run
 //   replicas.on_transfer(save_state, load_state);                     // model, optimizer, ...
 //   std::optional<cohort::ddp::DistributedDataParallel<Net>> ddp;
-//   while (replicas.step() < steps) {
+//   while (replicas.step() < steps) {         // a late replacement: TrainingFinished
 //     const auto& q = replicas.begin_step();       // a new quorum when replicas changed
 //     if (q.changed) ddp.emplace(net, q.group);    // DDP over the live replicas
 //     bool ok = true;
@@ -20,6 +20,7 @@
 //       catch (const cohort::TimeoutError&) { ok = false; }
 //     if (replicas.end_step(ok)) optimizer.step();  // every survivor, or none
 //   }
+//   replicas.finish();
 //
 // Start it with `cohort run --fault-tolerance in-process` (docs/fault_tolerance.md):
 // the launcher restarts only a dead worker and tells the survivors at once.
@@ -83,7 +84,8 @@ class ReplicaGroup {
 
   // Begins step step(): when replicas died, joined or a step was aborted, forms a
   // new quorum and its group, and brings joiners up to date. Bounded by the
-  // options' deadlines; throws TimeoutError when fewer than min_replicas remain.
+  // options' deadlines; throws TimeoutError when fewer than min_replicas remain,
+  // TrainingFinished (quorum.h) when the others have finished.
   const Quorum& begin_step();
   // Ends the step. `ok`: this replica's collectives succeeded. Returns true when
   // every member of the quorum succeeded: apply the step (optimizer.step()), and
@@ -91,8 +93,14 @@ class ReplicaGroup {
   // run step() again (begin_step forms the new quorum).
   bool end_step(bool ok);
 
+  // Call once after the last step, on every replica: a replacement that comes
+  // later then gets TrainingFinished from begin_step() instead of waiting for a
+  // quorum that will never form.
+  void finish();
+
   std::int64_t step() const { return step_; }
   int replica_id() const { return id_; }
+  int max_replicas() const { return max_replicas_; }
   int incarnation() const { return incarnation_; }
   const ReplicaGroupStats& stats() const { return stats_; }
   const ReplicaGroupOptions& options() const { return options_; }

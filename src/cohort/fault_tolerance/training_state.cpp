@@ -20,9 +20,8 @@ c10::Device device_of(const torch::nn::Module& module) {
 
 void save_training_state(std::ostream& out, const torch::nn::Module& module, const torch::optim::Optimizer* optimizer) {
   torch::serialize::OutputArchive archive;
-  torch::serialize::OutputArchive model;
-  module.save(model);
-  archive.write("model", model);
+  for (const auto& p : module.named_parameters()) archive.write("parameter/" + p.key(), p.value());
+  for (const auto& b : module.named_buffers()) archive.write("buffer/" + b.key(), b.value(), /*is_buffer=*/true);
   if (optimizer) {
     torch::serialize::OutputArchive opt;
     optimizer->save(opt);
@@ -34,13 +33,30 @@ void save_training_state(std::ostream& out, const torch::nn::Module& module, con
   archive.save_to(out);
 }
 
+namespace {
+
+// Module::load would take a tensor of any shape; a joiner must refuse one.
+void copy_checked(torch::serialize::InputArchive& archive, const std::string& key, at::Tensor& into) {
+  at::Tensor read;
+  archive.read(key, read);
+  if (read.sizes() != into.sizes() || read.scalar_type() != into.scalar_type())
+    throw DataError(fmt::format("cohort: fault tolerance: the training state received from a live replica holds {} "
+                                "as {} {}, but this replica's model has {} {}\n  fix: every replica must run the same "
+                                "program with the same model",
+                                key, c10::toString(read.scalar_type()), c10::str(read.sizes()), c10::toString(into.scalar_type()),
+                                c10::str(into.sizes())));
+  torch::NoGradGuard no_grad;
+  into.copy_(read);
+}
+
+}  // namespace
+
 void load_training_state(std::istream& in, torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(in, device_of(module));
-    torch::serialize::InputArchive model;
-    archive.read("model", model);
-    module.load(model);
+    for (auto& p : module.named_parameters()) copy_checked(archive, "parameter/" + p.key(), p.value());
+    for (auto& b : module.named_buffers()) copy_checked(archive, "buffer/" + b.key(), b.value());
     if (optimizer) {
       torch::serialize::InputArchive opt;
       archive.read("optimizer", opt);

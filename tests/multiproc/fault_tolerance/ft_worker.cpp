@@ -9,6 +9,9 @@
 //                      quorum AT;
 //   --stop R:AT        replica R stops itself (SIGSTOP) in backward at step AT; the
 //                      test resumes it;
+//   --degraded-step-ms MS  sleep MS before each step trained with fewer than every
+//                      replica, so that a replacement (process start, LibTorch's load)
+//                      joins before training ends;
 //   --reference        one process, no launcher: the weights every run must reach.
 // Each replica writes its final parameters to OUT/final_<replica>.pt.
 #include <signal.h>
@@ -19,6 +22,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/errors.h"
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
   std::int64_t steps = 40;
   std::string out_dir = ".";
   bool reference = false;
+  int degraded_ms = 0;
   std::vector<Failure> dies;
   Failure stop;
   for (int i = 1; i < argc; ++i) {
@@ -78,6 +83,7 @@ int main(int argc, char** argv) {
     if (a == "--steps") steps = std::stoll(next());
     else if (a == "--out") out_dir = next();
     else if (a == "--reference") reference = true;
+    else if (a == "--degraded-step-ms") degraded_ms = std::stoi(next());
     else if (a == "--die") dies.push_back(parse_failure(next()));
     else if (a == "--stop") stop = parse_failure(next());
     else {
@@ -135,7 +141,15 @@ int main(int argc, char** argv) {
   std::int64_t committed = 0;
   std::vector<torch::Tensor> before_last;
   while (replicas.step() < steps) {
-    const auto& q = replicas.begin_step();
+    const ft::Quorum* quorum = nullptr;
+    try {
+      quorum = &replicas.begin_step();
+    } catch (const ft::TrainingFinished& e) {
+      std::printf("replica %d: %s\n", my_id, e.what());
+      return 0;
+    }
+    const auto& q = *quorum;
+    if (q.size < replicas.max_replicas()) std::this_thread::sleep_for(std::chrono::milliseconds(degraded_ms));
     const auto step = replicas.step();
     bool ok = true;
     try {
@@ -162,6 +176,7 @@ int main(int argc, char** argv) {
       ++committed;
     }
   }
+  replicas.finish();
   const auto& s = replicas.stats();
   std::printf("replica %d: done at step %lld: committed %lld aborted %lld quorums %lld sent %lld received %lld\n",
               my_id, static_cast<long long>(replicas.step()), static_cast<long long>(committed),
