@@ -87,6 +87,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
                  "its state and the gradients sharded; 3, the parameters sharded too, gathered layer by layer "
                  "(docs/zero.md)")
       ->check(CLI::Range(0, 3));
+  app.add_flag("--fault-tolerance", o.fault_tolerance,
+               "Survive a lost replica in-process: the others redo the step and go on, a replacement takes the "
+               "weights from a live one; start with `cohort run --fault-tolerance in-process` "
+               "(docs/fault_tolerance.md). --batch-size is then per replica of the full job");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -136,6 +140,26 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
            "channels-last weights would be lost; use --memory-format contiguous with --zero 3");
   if (o.amp == "fp16" && o.device == "cpu")
     refuse("--amp fp16 needs --device cuda (the CPU runs autocast in bfloat16); use --amp bf16 on the CPU");
+  if (o.fault_tolerance) {
+    // Note [What fault tolerance composes with]: the replica group re-forms DDP over
+    // the live replicas; a strategy that keeps state on each rank (ZeRO's shards, a
+    // pipeline's stages, the fp16 scaler) would lose it with the rank.
+    auto alone = [&](bool given, const std::string& flag, const std::string& why) {
+      if (given) refuse("--fault-tolerance with " + flag + ": " + why);
+    };
+    alone(o.zero != 0, "--zero " + std::to_string(o.zero),
+          "a lost replica would take its shard of the optimizer state with it; use --zero 0 (DDP) with "
+          "--fault-tolerance");
+    alone(o.pipeline_stages > 1, "--pipeline-stages", "a lost stage cannot be redone by the other stages; use "
+          "--pipeline-stages 1");
+    alone(o.data_parallel_replicas > 1, "--data-parallel-replicas",
+          "replicas inside one process die together; use processes (cohort run --nproc-per-node)");
+    alone(o.amp != "off", "--amp " + o.amp, "not wired into the fault-tolerant loop yet; use --amp off");
+    alone(o.comm_hook != "allreduce", "--comm-hook " + o.comm_hook,
+          "a hook's state (PowerSGD's error feedback) is per group; use --comm-hook allreduce");
+    alone(o.device != "cpu", "--device " + o.device, "the replica group's collectives run on Gloo; use --device cpu");
+    alone(o.straggler_every > 0, "--straggler-every", "straggler reports are collectives over a fixed world");
+  }
   if (o.pipeline_stages > 1 && o.microbatches > o.batch_size)
     refuse("--microbatches " + std::to_string(o.microbatches) + " is more than --batch-size " +
            std::to_string(o.batch_size) + "; every micro-batch needs a sample");

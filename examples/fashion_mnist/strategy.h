@@ -9,6 +9,8 @@
 //   pipeline_parallel.cpp  the model cut into stages (cohort::pipeline), DDP per stage
 //   replicas.cpp        one process, N replicas (cohort::dp::DataParallel)
 //   mixed_precision.cpp --amp, used by each of them
+//   fault_tolerant.cpp  --fault-tolerance: its own loop over the live replicas
+//                       (cohort::fault_tolerance), DDP re-formed when they change
 #include <ATen/core/Dict.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>

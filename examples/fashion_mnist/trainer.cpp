@@ -33,6 +33,7 @@
 #include "cohort/errors.h"
 #include "cohort/system/cuda.h"
 #include "evaluate.h"
+#include "fault_tolerant.h"
 #include "optimizer.h"
 #include "cohort/trace/step_profiler.h"
 #include "cohort/trace/world_timeline.h"
@@ -86,6 +87,7 @@ void make_deterministic() {
 }  // namespace
 
 int train(const TrainerOptions& o) {
+  if (o.fault_tolerance) return train_fault_tolerant(o);  // no fixed World: fault_tolerant.cpp
   const auto started = Clock::now();
   // Note [--device cpu on a GPU machine]: the backend "auto" picks NCCL when every
   // local rank has a GPU, and NCCL moves only CUDA tensors; a model kept on the CPU

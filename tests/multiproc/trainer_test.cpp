@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "support/fashion_subset.h"
@@ -598,3 +599,68 @@ TEST(Trainer, PipelineFlagsThatCannotWorkExitTwo) {
   EXPECT_NE((odd.out + odd.err).find("3 ranks cannot form pipelines of 2 stages"), std::string::npos) << describe(odd);
 }
 
+
+namespace {
+
+// --fault-tolerance (docs/fault_tolerance.md): one of two replicas is killed with
+// SIGKILL while they train; the other redoes the step in flight and goes on, and
+// the final weights equal one process training the same global batches
+// (Note [A global batch per step]): no step lost, none applied twice.
+TEST(Trainer, FaultTolerantRunLosesAReplicaAndEndsAtTheOneProcessWeights) {
+  TempDir dir("cohort-trainer");
+  // 40 steps: long enough for the kill to land mid-run, short enough that rounding
+  // (two halves summed, not one batch) stays within kAcrossWorldSizes.
+  const std::vector<std::string> args = {"--fault-tolerance", "--epochs", "1",   "--limit-train-batches", "40",
+                                         "--optimizer",       "sgd",      "--lr", "0.02", "--seed", "11",
+                                         "--memory-format",   "contiguous"};
+  const auto alone = dir.path + "/alone.pt", survived = dir.path + "/survived.pt";
+  const auto one_step_short = dir.path + "/short.pt";
+  // One process, global batch 64: what two replicas of --batch-size 32 train together.
+  auto one = cohort::testing::run_process(
+      with({COHORT_TRAINER_PATH, "--batch-size", "64", "--save-final", alone}, args), 240s, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  auto short_run = cohort::testing::run_process(
+      with({COHORT_TRAINER_PATH, "--batch-size", "64", "--max-steps", "39", "--save-final", one_step_short}, args), 240s,
+      {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(short_run.exit_code, 0) << describe(short_run);
+  // The bound below could tell a lost step.
+  ASSERT_GT(max_difference(alone, one_step_short), 10 * kAcrossWorldSizes);
+
+  std::vector<std::string> argv{COHORT_CLI_PATH,   "run",        "--nproc-per-node", "2", "--fault-tolerance",
+                                "in-process",      "--max-restarts", "1", "--stop-timeout", "3",
+                                COHORT_TRAINER_PATH, "--batch-size", "32", "--save-final", survived};
+  argv.insert(argv.end(), args.begin(), args.end());
+  cohort::testing::Subprocess job(argv, {{"OMP_NUM_THREADS", "1"}, {"COHORT_FT_COLLECTIVE_TIMEOUT", "10"},
+                                         {"COHORT_FT_QUORUM_TIMEOUT", "3"}});
+  std::smatch m;
+  const std::regex started("replica 1: incarnation 0 pid (\\d+)[\\s\\S]*replica 1: training in quorum 1");
+  ASSERT_TRUE(job.read_until([&](const std::string& out) { return std::regex_search(out, m, started); }, 120s))
+      << job.out() << job.err();
+  ::kill(std::stoi(m[1]), SIGKILL);
+  auto r = job.finish(240s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("worker 1 (incarnation 0"), std::string::npos) << describe(r);
+  // Replica 0 never died: it committed every step once, and redid the one in flight.
+  std::smatch s;
+  ASSERT_TRUE(std::regex_search(r.out, s, std::regex(R"("aborted_steps":(\d+),"committed_here":(\d+))"))) << describe(r);
+  EXPECT_GE(std::stoi(s[1]), 1) << describe(r);
+  EXPECT_EQ(std::stoi(s[2]), 40) << describe(r);
+  EXPECT_NE(r.out.find("\"steps\":40"), std::string::npos) << describe(r);
+  EXPECT_LT(max_difference(alone, survived), kAcrossWorldSizes);
+}
+
+TEST(Trainer, FaultToleranceFlagsThatCannotWorkExitTwo) {
+  for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero", "1"},
+                                                                  {"--pipeline-stages", "2"},
+                                                                  {"--data-parallel-replicas", "2"},
+                                                                  {"--amp", "bf16"},
+                                                                  {"--comm-hook", "powersgd"}}) {
+    std::vector<std::string> argv{COHORT_TRAINER_PATH, "--fault-tolerance"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = cohort::testing::run_process(argv, 30s);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_NE(r.err.find("--fault-tolerance with " + extra[0]), std::string::npos) << describe(r);
+  }
+}
+
+}  // namespace

@@ -163,6 +163,14 @@ void ReplicaGroup::on_transfer(std::function<void(std::ostream&)> save, std::fun
   load_ = std::move(load);
 }
 
+void ReplicaGroup::resume_at(std::int64_t step) {
+  if (!quorum_ || !quorum_->fresh_start || step_ != 0 || step < 0)
+    throw ConfigError(fmt::format("cohort: ReplicaGroup::resume_at({}) on replica {}: only right after a begin_step() "
+                                  "whose quorum is fresh_start (no replica had trained), before any end_step()",
+                                  step, id_));
+  step_ = step;
+}
+
 void ReplicaGroup::finish() { store_->set(keys::finished(), util::to_bytes(std::to_string(step_))); }
 
 const Quorum& ReplicaGroup::begin_step() {
@@ -338,6 +346,7 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   q.size = size;
   q.group = world_->group();
   q.changed = true;
+  q.fresh_start = record.max_step() <= 0;
   quorum_ = std::move(q);
   event("joined");
   return Outcome::kIn;

@@ -48,6 +48,9 @@ struct Quorum {
   int size = 1;
   comm::Group group;  // the live replicas; valid until the next begin_step
   bool changed = true;  // a new group since the last begin_step: rebuild what holds it
+  // No member had trained a step: the job's start, or every replica was lost. The
+  // time to load a checkpoint from disk (then resume_at() its step).
+  bool fresh_start = false;
   std::vector<int> replica_ids() const;
 };
 
@@ -97,6 +100,10 @@ class ReplicaGroup {
   // later then gets TrainingFinished from begin_step() instead of waiting for a
   // quorum that will never form.
   void finish();
+  // After a begin_step() whose quorum is fresh_start, on every member alike: the
+  // state was loaded from a checkpoint of step `step`, so training goes on from
+  // there (the sampler's position is the step). Throws ConfigError otherwise.
+  void resume_at(std::int64_t step);
 
   std::int64_t step() const { return step_; }
   int replica_id() const { return id_; }

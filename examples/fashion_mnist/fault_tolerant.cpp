@@ -1,0 +1,208 @@
+// The fault-tolerant loop (--fault-tolerance, docs/fault_tolerance.md). Each step:
+// a quorum of the live replicas (a new DDP when it changed), this replica's share of
+// the step's global batch, forward and backward, and the optimizer step only when
+// every member succeeded. Checkpoints (--checkpoint-dir) are written over the
+// quorum's group and loaded when a quorum has no trained replica in it: the job's
+// start, or the loss of every replica.
+#include "fault_tolerant.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "cohort/checkpoint/atomic_file.h"
+#include "cohort/checkpoint/checkpointer.h"
+#include "cohort/checkpoint/state_dict.h"
+#include "cohort/checkpoint/torch_format.h"
+#include "cohort/data/fashion_mnist.h"
+#include "cohort/ddp/distributed_data_parallel.h"
+#include "cohort/fault_tolerance/replica_group.h"
+#include "cohort/fault_tolerance/step_sampler.h"
+#include "cohort/fault_tolerance/training_state.h"
+#include "evaluate.h"
+#include "model.h"
+
+namespace fashion_mnist {
+namespace ft = cohort::fault_tolerance;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::unique_ptr<torch::optim::Optimizer> make(const TrainerOptions& o, FashionNet& model) {
+  if (o.optimizer == "sgd")
+    return std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9));
+  return std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(o.lr));
+}
+
+double learning_rate(const TrainerOptions& o, double fraction_done) {
+  if (o.schedule == "constant") return o.lr;
+  return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(fraction_done, 0.0, 1.0)));
+}
+
+// One step's forward and backward on this replica's share; false when a peer failed.
+bool forward_backward(cohort::ddp::DistributedDataParallel<FashionNet>& ddp, torch::optim::Optimizer& optimizer,
+                      cohort::data::FashionMnist& data, const std::vector<std::int64_t>& indices, double weight,
+                      double& loss_out) {
+  try {
+    auto batch = data.get_batch(std::vector<std::size_t>(indices.begin(), indices.end()));
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(ddp(batch.data), batch.target);
+    (loss * weight).backward();
+    loss_out = loss.item<double>();
+    return true;
+  } catch (const cohort::CommError& e) {
+    std::cout << "step failed: " << std::string(e.what()).substr(0, 200) << std::endl;
+  } catch (const cohort::TimeoutError& e) {
+    std::cout << "step failed: " << std::string(e.what()).substr(0, 200) << std::endl;
+  }
+  return false;
+}
+
+}  // namespace
+
+int train_fault_tolerant(const TrainerOptions& o) {
+  const auto started = Clock::now();
+  auto replicas = ft::ReplicaGroup::join();
+  const int id = replicas.replica_id();
+  cohort::data::FashionMnist train_set(o.data_dir, cohort::data::FashionMnist::Split::kTrain);
+  cohort::data::FashionMnist test_set(o.data_dir, cohort::data::FashionMnist::Split::kTest);
+  torch::manual_seed(o.seed);
+  FashionNet model;
+  if (o.memory_format == "channels-last") model->use_channels_last();
+  if (o.activation_checkpointing) model->use_activation_checkpointing();
+  auto optimizer = make(o, model);
+  replicas.on_transfer([&](std::ostream& out) { ft::save_training_state(out, *model, optimizer.get()); },
+                       [&](std::istream& in) { ft::load_training_state(in, *model, optimizer.get()); });
+
+  // Note [A global batch per step]: --batch-size per replica of the full job.
+  const auto global_batch = static_cast<std::int64_t>(o.batch_size) * replicas.max_replicas();
+  ft::StepSampler sampler(
+      ft::StepSamplerOptions(static_cast<std::int64_t>(train_set.size().value()), global_batch).seed(o.seed));
+  auto per_epoch = sampler.steps_per_epoch();
+  if (o.limit_train_batches > 0) per_epoch = std::min(per_epoch, o.limit_train_batches);
+  std::int64_t total = per_epoch * o.epochs;
+  if (o.max_steps > 0) total = std::min(total, o.max_steps);
+  // The sampler's epochs are whole passes; with --limit-train-batches each epoch is cut
+  // short, so step s of the run is step s % per_epoch of epoch s / per_epoch.
+  auto sampler_step = [&](std::int64_t s) { return (s / per_epoch) * sampler.steps_per_epoch() + s % per_epoch; };
+
+  std::cout << fmt::format("replica {}: incarnation {} pid {}", id, replicas.incarnation(), getpid()) << std::endl;
+  std::optional<cohort::ddp::DistributedDataParallel<FashionNet>> ddp;
+  std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer;
+  std::int64_t committed = 0;
+  double loss = 0;
+  const ft::Quorum* q = nullptr;
+  while (replicas.step() < total) {
+    try {
+      q = &replicas.begin_step();
+    } catch (const ft::TrainingFinished& e) {
+      std::cout << e.what() << std::endl;
+      return 0;
+    }
+    const auto step = replicas.step();
+    bool ok = true;
+    try {
+      if (q->changed) {
+        ddp.reset();
+        ddp.emplace(model, q->group);
+        if (!o.checkpoint_dir.empty())
+          checkpointer = std::make_unique<cohort::checkpoint::Checkpointer>(
+              o.checkpoint_dir, q->group, cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
+        if (q->fresh_start && checkpointer) {
+          if (auto restored = checkpointer->load_latest(*model, *optimizer, torch::kCPU)) {
+            replicas.resume_at(restored->progress.step);
+            std::cout << fmt::format("replica {}: resuming from {} (step {})", id, restored->path,
+                                     restored->progress.step)
+                      << std::endl;
+          }
+        }
+        std::cout << fmt::format("replica {}: training in quorum {} with replicas {} from step {}", id, q->id,
+                                 fmt::join(q->replica_ids(), ", "), replicas.step())
+                  << std::endl;
+      }
+    } catch (const cohort::CommError&) {
+      ok = false;
+    } catch (const cohort::TimeoutError&) {
+      ok = false;
+    }
+    if (replicas.step() != step) continue;  // resumed from a checkpoint: begin that step
+    const auto s = sampler_step(step);
+    optimizer->param_groups()[0].options().set_lr(learning_rate(o, static_cast<double>(step) / total));
+    ok = ok && forward_backward(*ddp, *optimizer, train_set, sampler.indices(s, q->rank, q->size),
+                                sampler.loss_weight(s, q->rank, q->size), loss);
+    if (!replicas.end_step(ok)) continue;
+    optimizer->step();
+    ++committed;
+    const auto done = replicas.step();
+    if (checkpointer && (done == total || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))) {
+      try {
+        cohort::checkpoint::TrainingProgress progress;
+        progress.step = done;
+        progress.epoch = done / per_epoch;
+        progress.epoch_step = done % per_epoch;
+        checkpointer->save(*model, *optimizer, progress, torch::kCPU);
+      } catch (const cohort::CommError& e) {
+        // A member died while saving: the quorum re-forms at the next step, and the
+        // next checkpoint is written by the survivors.
+        std::cout << "checkpoint of step " << done << " failed: " << std::string(e.what()).substr(0, 200) << std::endl;
+      } catch (const cohort::TimeoutError& e) {
+        std::cout << "checkpoint of step " << done << " failed: " << std::string(e.what()).substr(0, 200) << std::endl;
+      }
+    }
+    if (q->rank == 0 && (done % 50 == 0 || done == total))
+      std::cout << fmt::format("step {}/{}: loss {:.4f} ({} replicas)", done, total, loss, q->size) << std::endl;
+  }
+  replicas.finish();
+  const auto train_s = std::chrono::duration<double>(Clock::now() - started).count();
+  // Every member holds the same weights: the quorum's rank 0 scores the test set
+  // alone and writes --save-final.
+  if (q->rank != 0) return 0;
+  torch::NoGradGuard no_grad;
+  model->eval();
+  std::int64_t correct = 0, seen = 0;
+  double loss_sum = 0;
+  const auto n = static_cast<std::int64_t>(test_set.size().value());
+  for (std::int64_t begin = 0; begin < n; begin += 1000) {
+    std::vector<std::size_t> idx;
+    for (auto i = begin; i < std::min(n, begin + 1000); ++i) idx.push_back(static_cast<std::size_t>(i));
+    auto batch = test_set.get_batch(idx);
+    auto out = model->forward(batch.data);
+    loss_sum += torch::nn::functional::cross_entropy(out, batch.target,
+                                                     torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += out.argmax(1).eq(batch.target).sum().item<std::int64_t>();
+    seen += static_cast<std::int64_t>(idx.size());
+  }
+  if (!o.save_final.empty())
+    cohort::checkpoint::write_file_atomically(
+        o.save_final, cohort::checkpoint::torch_save_bytes(cohort::checkpoint::state_dict(*model)));
+  const auto& stats = replicas.stats();
+  nlohmann::json summary = {
+      {"test_accuracy", static_cast<double>(correct) / seen},
+      {"test_loss", loss_sum / seen},
+      {"steps", replicas.step()},
+      {"wall_seconds", train_s},
+      {"world_size", q->size},
+      {"fault_tolerance",
+       {{"replica", id},
+        {"incarnation", replicas.incarnation()},
+        {"committed_here", committed},
+        {"aborted_steps", stats.aborted_steps},
+        {"quorums", stats.quorums},
+        {"last_quorum", q->id},
+        {"transfers_sent", stats.transfers_sent},
+        {"transfers_received", stats.transfers_received}}},
+  };
+  std::cout << summary.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace fashion_mnist
