@@ -88,7 +88,8 @@ int train_fault_tolerant(const TrainerOptions& o) {
       ft::StepSamplerOptions(static_cast<std::int64_t>(train_set.size().value()), global_batch).seed(o.seed));
   auto per_epoch = sampler.steps_per_epoch();
   if (o.limit_train_batches > 0) per_epoch = std::min(per_epoch, o.limit_train_batches);
-  std::int64_t total = per_epoch * o.epochs;
+  const std::int64_t run_steps = per_epoch * o.epochs;  // the learning rate's schedule spans these
+  std::int64_t total = run_steps;
   if (o.max_steps > 0) total = std::min(total, o.max_steps);
   // The sampler's epochs are whole passes; with --limit-train-batches each epoch is cut
   // short, so step s of the run is step s % per_epoch of epoch s / per_epoch.
@@ -135,7 +136,7 @@ int train_fault_tolerant(const TrainerOptions& o) {
     }
     if (replicas.step() != step) continue;  // resumed from a checkpoint: begin that step
     const auto s = sampler_step(step);
-    optimizer->param_groups()[0].options().set_lr(learning_rate(o, static_cast<double>(step) / total));
+    optimizer->param_groups()[0].options().set_lr(learning_rate(o, static_cast<double>(step) / run_steps));
     ok = ok && forward_backward(*ddp, *optimizer, train_set, sampler.indices(s, q->rank, q->size),
                                 sampler.loss_weight(s, q->rank, q->size), loss);
     if (!replicas.end_step(ok)) continue;

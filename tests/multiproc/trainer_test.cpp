@@ -611,7 +611,7 @@ TEST(Trainer, FaultTolerantRunLosesAReplicaAndEndsAtTheOneProcessWeights) {
   // 40 steps: long enough for the kill to land mid-run, short enough that rounding
   // (two halves summed, not one batch) stays within kAcrossWorldSizes.
   const std::vector<std::string> args = {"--fault-tolerance", "--epochs", "1",   "--limit-train-batches", "40",
-                                         "--optimizer",       "sgd",      "--lr", "0.02", "--seed", "11",
+                                         "--optimizer",       "sgd",      "--lr", "0.02", "--seed", "11", "--schedule", "constant",
                                          "--memory-format",   "contiguous"};
   const auto alone = dir.path + "/alone.pt", survived = dir.path + "/survived.pt";
   const auto one_step_short = dir.path + "/short.pt";
@@ -647,6 +647,36 @@ TEST(Trainer, FaultTolerantRunLosesAReplicaAndEndsAtTheOneProcessWeights) {
   EXPECT_EQ(std::stoi(s[2]), 40) << describe(r);
   EXPECT_NE(r.out.find("\"steps\":40"), std::string::npos) << describe(r);
   EXPECT_LT(max_difference(alone, survived), kAcrossWorldSizes);
+}
+
+// Every replica lost (the job stopped): a new job of fault-tolerant replicas finds
+// no live state, loads the newest checkpoint from disk and goes on from its step.
+TEST(Trainer, FaultTolerantRunResumesFromDiskWhenNoReplicaIsLeft) {
+  TempDir dir("cohort-trainer");
+  const std::vector<std::string> args = {"--fault-tolerance", "--epochs", "1",   "--limit-train-batches", "30",
+                                         "--optimizer",       "sgd",      "--lr", "0.02", "--seed", "5", "--schedule", "constant",
+                                         "--memory-format",   "contiguous"};
+  const auto alone = dir.path + "/alone.pt", resumed = dir.path + "/resumed.pt", ckpt = dir.path + "/ckpt";
+  auto one = cohort::testing::run_process(
+      with({COHORT_TRAINER_PATH, "--batch-size", "64", "--save-final", alone}, args), 240s, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  auto job = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", "2", "--fault-tolerance", "in-process",
+                                  COHORT_TRAINER_PATH, "--batch-size", "32", "--checkpoint-dir", ckpt,
+                                  "--checkpoint-every", "5"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), more.begin(), more.end());
+    return cohort::testing::run_process(argv, 240s, {{"OMP_NUM_THREADS", "1"}});
+  };
+  auto first = job({"--max-steps", "15"});
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  ASSERT_TRUE(fs::exists(ckpt + "/step-000000015")) << describe(first);
+  auto second = job({"--save-final", resumed});
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000015 (step 15)"), std::string::npos)
+      << describe(second);
+  EXPECT_NE(second.out.find("\"committed_here\":15"), std::string::npos) << describe(second);
+  EXPECT_LT(max_difference(alone, resumed), kAcrossWorldSizes);
 }
 
 TEST(Trainer, FaultToleranceFlagsThatCannotWorkExitTwo) {
