@@ -39,7 +39,7 @@ std::vector<std::string> launch(const std::string& out, const std::vector<std::s
                                 "--fault-tolerance", "in-process", "--max-restarts", "3",
                                 "--stop-timeout",    "3",          COHORT_FT_WORKER_PATH,
                                 "--steps",           std::to_string(kSteps), "--out", out,
-                                "--degraded-step-ms", "100"};
+                                "--degraded-step-ms", "20", "--hold-last-step"};
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }

@@ -12,6 +12,10 @@
 //   --degraded-step-ms MS  sleep MS before each step trained with fewer than every
 //                      replica, so that a replacement (process start, LibTorch's load)
 //                      joins before training ends;
+//   --hold-last-step   before the last step, while replicas are missing, abort the
+//                      step (end_step(false)) every 200 ms so the quorum re-forms
+//                      and takes them in: a test then sees every replica finish,
+//                      however slowly a replacement starts (60 s at most);
 //   --reference        one process, no launcher: the weights every run must reach.
 // Each replica writes its final parameters to OUT/final_<replica>.pt.
 #include <signal.h>
@@ -75,6 +79,7 @@ int main(int argc, char** argv) {
   std::string out_dir = ".";
   bool reference = false;
   int degraded_ms = 0;
+  bool hold_last = false;
   std::vector<Failure> dies;
   Failure stop;
   for (int i = 1; i < argc; ++i) {
@@ -84,6 +89,7 @@ int main(int argc, char** argv) {
     else if (a == "--out") out_dir = next();
     else if (a == "--reference") reference = true;
     else if (a == "--degraded-step-ms") degraded_ms = std::stoi(next());
+    else if (a == "--hold-last-step") hold_last = true;
     else if (a == "--die") dies.push_back(parse_failure(next()));
     else if (a == "--stop") stop = parse_failure(next());
     else {
@@ -139,6 +145,7 @@ int main(int argc, char** argv) {
 
   std::optional<cohort::ddp::DistributedDataParallel<Net>> ddp;
   std::int64_t committed = 0;
+  int held = 0;
   std::vector<torch::Tensor> before_last;
   while (replicas.step() < steps) {
     const ft::Quorum* quorum = nullptr;
@@ -149,7 +156,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& q = *quorum;
-    if (q.size < replicas.max_replicas()) std::this_thread::sleep_for(std::chrono::milliseconds(degraded_ms));
+    if (q.size < replicas.max_replicas()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(degraded_ms));
+      if (hold_last && replicas.step() == steps - 1 && held < 300) {
+        ++held;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        replicas.end_step(false);  // every member holds alike: they see the same quorum
+        continue;
+      }
+    }
     const auto step = replicas.step();
     bool ok = true;
     try {
