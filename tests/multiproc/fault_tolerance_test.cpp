@@ -34,12 +34,14 @@ std::map<std::string, std::string> ft_env() {
           {"COHORT_FT_MIN_REPLICAS_TIMEOUT", "30"}, {"OMP_NUM_THREADS", "1"}};
 }
 
-std::vector<std::string> launch(const std::string& out, const std::vector<std::string>& args) {
+std::vector<std::string> launch(const std::string& out, const std::vector<std::string>& args,
+                                const std::vector<std::string>& launcher_flags = {}) {
   std::vector<std::string> argv{COHORT_CLI_PATH,  "run",       "--nproc-per-node", std::to_string(kReplicas),
                                 "--fault-tolerance", "in-process", "--max-restarts", "3",
                                 "--stop-timeout",    "3",          COHORT_FT_WORKER_PATH,
                                 "--steps",           std::to_string(kSteps), "--out", out,
                                 "--degraded-step-ms", "20", "--hold-last-step"};
+  argv.insert(argv.begin() + 2, launcher_flags.begin(), launcher_flags.end());
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }
@@ -94,8 +96,9 @@ class FaultTolerance : public ::testing::Test {
   static inline std::vector<torch::Tensor> before_last_;
 };
 
-ProcessResult run_ft(const std::string& out, const std::vector<std::string>& args) {
-  return cohort::testing::run_process(launch(out, args), 180s, ft_env());
+ProcessResult run_ft(const std::string& out, const std::vector<std::string>& args,
+                     const std::vector<std::string>& launcher_flags = {}) {
+  return cohort::testing::run_process(launch(out, args, launcher_flags), 180s, ft_env());
 }
 
 TEST_F(FaultTolerance, NoFailureMatchesTheOneProcessRun) {
@@ -152,6 +155,28 @@ TEST_F(FaultTolerance, SourceDiesDuringLiveTransfer) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 1: done .* received 1"))) << describe(r);
   expect_reference_weights(dir.path, r);
   expect_survivor_committed_all(r, 2);
+}
+
+// Two of three replicas die in the same step: the last one trains on alone, and
+// takes both replacements back.
+TEST_F(FaultTolerance, TwoReplicasDieInTheSameStep) {
+  cohort::testing::TempDir dir("cohort-ft");
+  auto r = run_ft(dir.path, {"--die", "1:backward:5", "--die", "2:backward:5"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("worker 2 (incarnation 0"), std::string::npos) << describe(r);
+  expect_reference_weights(dir.path, r);
+  expect_survivor_committed_all(r, 0);
+}
+
+// --min-replicas 3: after a death, the survivors do not train as two; the quorum
+// forms once the replacement has arrived.
+TEST_F(FaultTolerance, MinReplicasWaitsForTheReplacement) {
+  cohort::testing::TempDir dir("cohort-ft");
+  auto r = run_ft(dir.path, {"--die", "1:backward:5"}, {"--min-replicas", "3"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  // Quorum 1, then one quorum of all three: never a quorum of two.
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 0: done .* quorums 2 "))) << describe(r);
+  expect_reference_weights(dir.path, r);
 }
 
 // A replica stopped mid-step is dropped after the collective timeout, and taken
