@@ -103,11 +103,19 @@ int train(const GptTrainerOptions& o) {
   auto& tp = mesh.group(MeshDim::kTensor);
   auto& data = mesh.group(MeshDim::kData);
   const int dp = mesh.size(MeshDim::kData);
-  check_flags(o, mesh);
-  if (o.batch_size % dp != 0)
-    throw cohort::ConfigError(fmt::format("gpt: --batch-size {} cannot be split evenly over the {} data-parallel "
-                                          "replicas ({}); make it a multiple of {}",
-                                          o.batch_size, dp, mesh.describe(), dp));
+  try {
+    check_flags(o, mesh);
+    if (o.batch_size % dp != 0)
+      throw cohort::ConfigError(fmt::format("gpt: --batch-size {} cannot be split evenly over the {} data-parallel "
+                                            "replicas ({}); make it a multiple of {}",
+                                            o.batch_size, dp, mesh.describe(), dp));
+  } catch (const cohort::ConfigError&) {
+    // Every rank refuses alike; the barrier keeps one from tearing its groups down
+    // while another still connects to them, which would end that one with Gloo's
+    // "connection closed" instead of this message.
+    world.group().barrier();
+    throw;
+  }
   std::optional<Checkpoints> checkpoints;  // refuses what it cannot save before anything is built
   if (!o.checkpoint_dir.empty()) checkpoints.emplace(o, world);
 
