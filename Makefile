@@ -108,12 +108,13 @@ fuzz: build-asan
 
 # Benchmarks (BENCHMARKS.md): cohort against PyTorch's torch.distributed, DDP
 # training against PyTorch's DDP, elastic restarts and rendezvous against torchrun,
-# then what cohort's wrapper adds per call.
+# recovery in-process against whole-job restarts, then what cohort's wrapper adds per call.
 bench: build
 	benchmarks/compare_collectives.sh $(BUILD) 2
 	benchmarks/compare_ddp.sh $(BUILD) 2
 	benchmarks/compare_trainer.sh $(BUILD) 2
 	/usr/bin/python3 benchmarks/compare_elastic.py $(BUILD) 5
+	/usr/bin/python3 benchmarks/compare_fault_tolerance.py $(BUILD) 5
 	benchmarks/compare_zero_memory.sh $(BUILD)
 	benchmarks/compare_zero_throughput.sh $(BUILD)
 	benchmarks/compare_powersgd.sh $(BUILD) 2
