@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -156,7 +157,8 @@ int train_ft(const Args& args) {
   replicas.on_transfer([&](std::ostream& o) { ft::save_training_state(o, *t.net, &t.optimizer); },
                        [&](std::istream& i) { ft::load_training_state(i, *t.net, &t.optimizer); });
   const int id = replicas.replica_id();
-  std::optional<cohort::ddp::DistributedDataParallel<Net>> ddp;
+  // A pointer, not std::optional: GCC 12 at -O2 saw an optional DDP as maybe uninitialized (-Werror).
+  std::unique_ptr<cohort::ddp::DistributedDataParallel<Net>> ddp;
   Clock clock;
   int size = 0;
   while (replicas.step() < args.steps) {
@@ -171,7 +173,10 @@ int train_ft(const Args& args) {
     size = q.size;
     bool ok = true;
     try {
-      if (q.changed) ddp.emplace(t.net, q.group);
+      if (q.changed) {
+        ddp.reset();  // its hooks go before the new DDP adds its own
+        ddp = std::make_unique<cohort::ddp::DistributedDataParallel<Net>>(t.net, q.group);
+      }
       t.backward(*ddp, step, q.rank, q.size);
     } catch (const cohort::Error&) {
       ok = false;  // a peer died: the quorum aborts the step and redoes it without it

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
 
 #include "cohort/checkpoint/atomic_file.h"
@@ -96,7 +97,8 @@ int train_fault_tolerant(const TrainerOptions& o) {
   auto sampler_step = [&](std::int64_t s) { return (s / per_epoch) * sampler.steps_per_epoch() + s % per_epoch; };
 
   std::cout << fmt::format("replica {}: incarnation {} pid {}", id, replicas.incarnation(), getpid()) << std::endl;
-  std::optional<cohort::ddp::DistributedDataParallel<FashionNet>> ddp;
+  // A pointer, not std::optional: GCC 12 at -O2 saw an optional DDP as maybe uninitialized (-Werror).
+  std::unique_ptr<cohort::ddp::DistributedDataParallel<FashionNet>> ddp;
   std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer;
   std::int64_t committed = 0;
   double loss = 0;
@@ -113,7 +115,7 @@ int train_fault_tolerant(const TrainerOptions& o) {
     try {
       if (q->changed) {
         ddp.reset();
-        ddp.emplace(model, q->group);
+        ddp = std::make_unique<cohort::ddp::DistributedDataParallel<FashionNet>>(model, q->group);
         if (!o.checkpoint_dir.empty())
           checkpointer = std::make_unique<cohort::checkpoint::Checkpointer>(
               o.checkpoint_dir, q->group, cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));

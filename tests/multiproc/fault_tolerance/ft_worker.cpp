@@ -24,6 +24,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -143,7 +144,8 @@ int main(int argc, char** argv) {
     return g;
   });
 
-  std::optional<cohort::ddp::DistributedDataParallel<Net>> ddp;
+  // A pointer, not std::optional: GCC 12 at -O2 saw an optional DDP as maybe uninitialized (-Werror).
+  std::unique_ptr<cohort::ddp::DistributedDataParallel<Net>> ddp;
   std::int64_t committed = 0;
   int held = 0;
   std::vector<torch::Tensor> before_last;
@@ -168,7 +170,10 @@ int main(int argc, char** argv) {
     const auto step = replicas.step();
     bool ok = true;
     try {
-      if (q.changed) ddp.emplace(net, q.group);
+      if (q.changed) {
+        ddp.reset();  // its hooks go before the new DDP adds its own
+        ddp = std::make_unique<cohort::ddp::DistributedDataParallel<Net>>(net, q.group);
+      }
       auto index = torch::tensor(sampler.indices(step, q.rank, q.size), torch::kLong);
       auto loss = torch::nn::functional::cross_entropy((*ddp)(inputs.index_select(0, index)),
                                                        labels.index_select(0, index)) *
