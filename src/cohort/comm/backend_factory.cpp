@@ -65,7 +65,7 @@ c10::intrusive_ptr<compat::Backend> make_backend(const std::string& backend,
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   else
     opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  opts->threads = 2;
+  opts->threads = options.gloo_threads();  // Note [Gloo threads] in options.h
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
 }
 

@@ -36,15 +36,21 @@ struct InitOptions {
   // process when the sizes differ). Costs one small all-gather per collective: a
   // debugging aid, like PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL. Set it on every rank.
   TORCH_ARG(bool, check_collectives) = false;
-
+  // Worker threads of each Gloo group: how many of its collectives progress at
+  // once. Note [Gloo threads]: DDP keeps several buckets in flight; at world 2 on
+  // 2 cores, 4 threads ran DDP 8-18 % faster than 2 (PyTorch's default), and 1
+  // thread 15-35 % slower (BENCHMARKS.md, issue 33). Idle threads cost nothing.
+  // 1..64.
+  TORCH_ARG(int, gloo_threads) = 4;
 
  public:  // TORCH_ARG leaves the struct in a private section.
   // Defaults overridden by COHORT_BACKEND, COHORT_TIMEOUT (seconds),
-  // COHORT_JOIN_TIMEOUT (seconds), GLOO_SOCKET_IFNAME and COHORT_CHECK_COLLECTIVES
-  // (1). The timeline's variables (COHORT_TIMELINE_*) are trace's: see traced().
+  // COHORT_JOIN_TIMEOUT (seconds), GLOO_SOCKET_IFNAME, COHORT_CHECK_COLLECTIVES
+  // (1) and COHORT_GLOO_THREADS. The timeline's variables (COHORT_TIMELINE_*) are trace's: see traced().
   static InitOptions from_env(const EnvMap& env);
   // Throws ConfigError for a timeout that is not > 0 (c10d reads 0 as "never") or a
-  // heartbeat too short to tell a live rank from a dead one.
+  // heartbeat too short to tell a live rank from a dead one, or gloo_threads
+  // outside 1..64.
   void validate() const;
 };
 

@@ -90,6 +90,20 @@ InitOptions InitOptions::from_env(const EnvMap& env) {
   if (auto v = get("COHORT_JOIN_TIMEOUT")) o.join_timeout(timeout(*v, "COHORT_JOIN_TIMEOUT"));
   if (auto v = get("GLOO_SOCKET_IFNAME")) o.network_interface(*v);
   if (auto v = get("COHORT_CHECK_COLLECTIVES")) o.check_collectives(*v != "0");
+  if (auto v = get("COHORT_GLOO_THREADS")) {
+    int n = 0;
+    std::size_t used = 0;
+    try {
+      n = std::stoi(*v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != v->size() || n < 1)
+      throw ConfigError(fmt::format("COHORT_GLOO_THREADS='{}' is not a positive whole number; unset it (4 threads) "
+                                    "or give e.g. COHORT_GLOO_THREADS=2",
+                                    *v));
+    o.gloo_threads(n);
+  }
   return o;
 }
 
@@ -143,6 +157,9 @@ void InitOptions::validate() const {
   if (heartbeat_interval_ < std::chrono::milliseconds(100))
     throw ConfigError("InitOptions::heartbeat_interval: " + std::to_string(heartbeat_interval_.count()) +
                       " ms is under 100 ms; the board could not keep up and live ranks would look dead");
+  if (gloo_threads_ < 1 || gloo_threads_ > 64)
+    throw ConfigError(fmt::format("InitOptions::gloo_threads: {} is outside 1..64; 4 (the default) suits most jobs",
+                                  gloo_threads_));
 }
 
 World World::build(WorldInfo info, c10::intrusive_ptr<c10d::Store> store,

@@ -129,6 +129,10 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
   buckets_.clear();
   views_.assign(params_.size(), at::Tensor());
   std::vector<BucketState> buckets(plan_.buckets.size());
+  // Note [The status rides in the last bucket] (step_status.h)
+  const auto last_type = params_[plan_.buckets.back().params.front()].scalar_type();
+  const bool ride = !identity_ && group_.size() > 1 && !options_.comm_hook() &&
+                    (last_type == at::kFloat || last_type == at::kDouble);
   for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
     const auto& planned = plan_.buckets[b];
     auto& bucket = buckets[b];
@@ -138,7 +142,8 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
       bucket.buffer = at::empty({0}, first.options().requires_grad(false));
       continue;
     }
-    bucket.buffer = at::zeros({planned.numel}, first.options().requires_grad(false));
+    const bool slots = ride && b + 1 == plan_.buckets.size();
+    bucket.buffer = at::zeros({planned.numel + (slots ? group_.size() : 0)}, first.options().requires_grad(false));
     for (std::size_t k = 0; k < planned.params.size(); ++k) {
       const auto i = planned.params[k];
       auto view = bucket_slice(bucket.buffer, planned.offsets[k], params_[i]);
@@ -152,6 +157,7 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
     }
   }
   buckets_ = std::move(buckets);
+  status_.ride_on(ride ? buckets_.back().buffer.narrow(0, plan_.buckets.back().numel, group_.size()) : at::Tensor());
 }
 
 void Reducer::prepare_for_forward() {
@@ -333,6 +339,8 @@ void Reducer::mark_ready(std::size_t index) {
 // Note [Bucket ready order], invariant 3: strictly in plan order.
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    // Riding, the last bucket carries the status, so it waits for it (launch_status).
+    if (next_bucket_ + 1 == buckets_.size() && status_.rides() && !status_.launched()) break;
     auto& bucket = buckets_[next_bucket_];
     bucket.in_flight = std::make_shared<GradBucket>(next_bucket_, next_bucket_ + 1 == buckets_.size(),
                                                     bucket.buffer, bucket.views, divisor_,
@@ -342,6 +350,10 @@ void Reducer::launch_ready_buckets() {
     if (timed_) timings_.buckets[next_bucket_].launched_s = elapsed();
     ++next_bucket_;
   }
+}
+
+bool Reducer::all_ready() const {
+  return std::all_of(buckets_.begin(), buckets_.end(), [](const BucketState& b) { return b.pending == 0; });
 }
 
 std::vector<std::string> Reducer::names_not_ready() const {

@@ -9,8 +9,9 @@
 //   ... backward: each gradient accumulator's post-hook copies the gradient into its
 //       bucket; a full bucket's reduction starts at once, in plan order
 //   finalize (an autograd callback at the end of backward, Note [Where backward
-//       ends]): launch the step's status, wait for every bucket, write the
-//       averages back to .grad
+//       ends]): launch the step's status (or write it into the last bucket and
+//       launch that: Note [The status rides in the last bucket], step_status.h),
+//       wait for every bucket, write the averages back to .grad
 //   settle()                       at the next forward: close a step whose
 //       backward failed part-way (Note [A step that failed], step_status.h)
 // How a step ends (completed, mirrored under join, failed) is in step_end.cpp.
@@ -119,6 +120,8 @@ class Reducer {
   void mark_ready(std::size_t index);
   void launch_ready_buckets();
   void launch_remaining_buckets();
+  void launch_status(bool failed, std::uint64_t step);
+  bool all_ready() const;
   // Note [Where backward ends]
   void hook_outputs(const std::vector<at::Tensor>& outputs);
   void queue_finalize();

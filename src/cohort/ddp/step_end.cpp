@@ -36,7 +36,7 @@ void Reducer::finalize_backward() {
   callback_queued_ = false;
   if (phase_ != Phase::kSync) return;
   if (timed_) timings_.backward_end_s = elapsed();
-  if (next_bucket_ < buckets_.size()) {
+  if (!all_ready()) {
     if (options_.find_unused_parameters() || options_.static_graph()) {
       mark_missing_unused();
     } else {
@@ -52,7 +52,7 @@ void Reducer::finalize_backward() {
     }
   }
   if (mask_due_) launch_unused_mask();
-  status_.launch(/*failed=*/false, step_);
+  launch_status(/*failed=*/false, step_);
   auto failed = wait_for_step();
   if (!failed.empty()) {
     std::vector<std::string> ranks;
@@ -111,7 +111,7 @@ void Reducer::shadow_backward(double divisor) {
     std::fill(locally_used_.begin(), locally_used_.end(), false);
     launch_unused_mask();
   }
-  status_.launch(/*failed=*/false, ++step_);  // mirrors the active ranks' step (Note [Steps that pair])
+  launch_status(/*failed=*/false, ++step_);  // mirrors the active ranks' step (Note [Steps that pair])
   wait_for_step();  // a rank whose backward failed in this step is the active ranks' concern
   if (unused_mask_.defined()) {
     auto used = take_unused_mask();
@@ -151,7 +151,7 @@ void Reducer::abandon_iteration(bool wait_launched) {
 void Reducer::close_failed_step() {
   launch_remaining_buckets();
   if (mask_due_ && !unused_mask_.defined()) launch_unused_mask();
-  if (!status_.launched()) status_.launch(/*failed=*/true, step_);
+  if (!status_.launched()) launch_status(/*failed=*/true, step_);
   wait_for_step();
   abandon_iteration(/*wait_launched=*/false);
   // With bucket views, .grad is bucket memory, and the reductions just waited for
@@ -161,6 +161,13 @@ void Reducer::close_failed_step() {
     at::NoGradGuard no_grad;
     for (auto& b : buckets_) b.buffer.zero_();
   }
+}
+
+// After the last bucket and the mask: riding, the status's slot is written and the
+// last bucket launched with it (Note [The status rides in the last bucket]).
+void Reducer::launch_status(bool failed, std::uint64_t step) {
+  status_.launch(failed, step);
+  launch_ready_buckets();
 }
 
 void Reducer::launch_remaining_buckets() {

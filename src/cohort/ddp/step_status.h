@@ -28,7 +28,23 @@
 // from a forward that had no backward: nothing of it is closed. If the peers
 // completed that step, they time out in it, naming this rank.
 // The cost: one all-reduce of world-size ints per synchronised step, launched after
-// the last bucket, so it rides behind the gradients' communication.
+// the last bucket, so it rides behind the gradients' communication; or nothing
+// where it rides in the last bucket (Note [The status rides in the last bucket]).
+//
+// Note [The status rides in the last bucket]
+// A collective of its own costs a hand-off to a Gloo thread and a round trip per
+// step: at world 2 on 2 cores, 4-10 % of a step (issue 33). So where DDP uses its
+// default all-reduce hook and the last bucket holds float32 or float64, the status
+// is world-size extra elements at the end of that bucket: each rank writes its slot
+// and zeros, and the bucket's sum (a plain sum: Note [Divide on the way in])
+// carries every rank's slot exactly, as integers below 2^24 are exact in float32.
+// Slots hold (step mod 2^22) * 2 + failed, so step numbers are compared modulo
+// 2^22, and an error names them so. The last bucket then waits for the status:
+// it is launched at the end of backward (or when a failed step is closed) rather
+// than as soon as its last gradient arrives, which is at most the tail of backward
+// after the first layers' gradients. Every rank decides the same (same hook, same
+// dtypes, same world), so collectives stay paired. A custom hook may transform the
+// bucket (compress, project), so it keeps the separate all-reduce.
 //
 // Note [Steps that pair]
 // Collectives pair by order, not by step. A rank whose training forward got no
@@ -57,10 +73,17 @@ class StepStatus {
   // Launches this rank's part; `failed` is whether its backward failed, `step` is
   // the step it closes (Note [Steps that pair]). A group of one has no peer to
   // tell, and launches nothing.
+  // Riding (Note [The status rides in the last bucket]), launch only writes this
+  // rank's slot into the bucket; the caller reduces the bucket.
   void launch(bool failed, std::uint64_t step = 0);
   bool launched() const { return launched_; }
+  // Rides in `slots` (world-size elements at the end of the last bucket) from now
+  // on; an undefined tensor goes back to a collective of its own.
+  void ride_on(at::Tensor slots);
+  bool rides() const { return slots_.defined(); }
   // Waits (bounded); the group ranks whose backward failed, ascending. Throws
   // CommError where the ranks closed different steps (Note [Steps that pair]).
+  // Riding, the caller has waited for the bucket first.
   std::vector<int> wait();
   // Forgets a launched status without waiting (the group is broken anyway).
   void drop();
@@ -68,11 +91,12 @@ class StepStatus {
  private:
   comm::Group group_;
   at::Tensor flags_;  // one int per rank
+  at::Tensor slots_;  // riding: the last bucket's tail
   comm::Pending work_;
   bool launched_ = false;
 };
 
-// Pure: the ranks whose slot is set in a summed status.
+// Pure: the ranks whose slot is set in a summed status (any dtype holding whole numbers).
 std::vector<int> failed_ranks(const at::Tensor& summed);
 // Pure: each rank's step in a summed status.
 std::vector<std::uint64_t> status_steps(const at::Tensor& summed);
