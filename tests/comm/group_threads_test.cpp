@@ -248,6 +248,12 @@ TEST(InitOptions, FromEnvironment) {
   EXPECT_THROW(InitOptions::from_env({{"COHORT_JOIN_TIMEOUT", "inf"}}), cohort::ConfigError);
   EXPECT_THROW(InitOptions().timeout(0ms).validate(), cohort::ConfigError);
   EXPECT_THROW(InitOptions().heartbeat_interval(10ms).validate(), cohort::ConfigError);
+  // Note [Gloo threads]
+  EXPECT_EQ(InitOptions().gloo_threads(), 4);
+  EXPECT_EQ(InitOptions::from_env({{"COHORT_GLOO_THREADS", "2"}}).gloo_threads(), 2);
+  for (const char* bad : {"0", "-3", "two", "2x"})
+    EXPECT_THROW(InitOptions::from_env({{"COHORT_GLOO_THREADS", bad}}), cohort::ConfigError) << bad;
+  EXPECT_THROW(InitOptions().gloo_threads(65).validate(), cohort::ConfigError);
   EXPECT_THROW(cohort::comm::World::init(cohort::comm::WorldInfo{}, InitOptions().backend("mpi")),
                cohort::ConfigError);
 }

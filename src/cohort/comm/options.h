@@ -39,7 +39,7 @@ struct InitOptions {
   // Worker threads of each Gloo group: how many of its collectives progress at
   // once. Note [Gloo threads]: DDP keeps several buckets in flight; at world 2 on
   // 2 cores, 4 threads ran DDP 8-18 % faster than 2 (PyTorch's default), and 1
-  // thread 15-35 % slower (BENCHMARKS.md, issue 33). Idle threads cost nothing.
+  // thread 8-27 % slower (BENCHMARKS.md, issue 33). Idle threads cost nothing.
   // 1..64.
   TORCH_ARG(int, gloo_threads) = 4;
 
