@@ -9,15 +9,15 @@ Both launchers run with --monitor-interval 0.1 and Gloo on lo. Medians over REPS
   compare_elastic.py BUILD_DIR [REPS]"""
 import json
 import os
-import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+
+from procs import descendants, free_port, rank_of
 
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -30,48 +30,6 @@ cli = os.path.join(build, "tools/cohort/cohort")
 python = "/usr/bin/python3"
 env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
            COHORT_RDZV_TOKEN="benchmark-token-" + os.urandom(8).hex())
-
-
-def free_port():
-    # Below the kernel's ephemeral range, so that no outgoing connection is handed
-    # the port between this pick and the agent's bind (Note [Test ports]).
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    rng = random.SystemRandom()
-    while True:
-        port = rng.randrange(12000, max(low, 13000))
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-                return port
-            except OSError:
-                continue
-
-
-def descendants(pid):
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(")") + 2:].split()[1]) == parent:
-                found.append(int(entry))
-                frontier.append(int(entry))
-    return found
-
-
-def rank_of(pid):
-    try:
-        for item in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
-            if item.startswith(b"RANK="):
-                return int(item[5:])
-    except OSError:
-        pass
-    return None
 
 
 class Job:

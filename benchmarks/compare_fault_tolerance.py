@@ -21,17 +21,17 @@ after a warm-up trial of each side.
   compare_fault_tolerance.py BUILD_DIR [REPS]"""
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from procs import descendants, free_port, rank_of
 
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -58,54 +58,12 @@ for key in settings["equal"]:
     base_env.pop(key, None)
 
 
-def free_port():
-    # Below the kernel's ephemeral range, so that no outgoing connection is handed
-    # the port between this pick and the agent's bind (Note [Test ports]).
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    rng = random.SystemRandom()
-    while True:
-        port = rng.randrange(12000, max(low, 13000))
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-                return port
-            except OSError:
-                continue
-
-
 def cohort_run(workers, in_process):
     """Both cohort sides start the same way: the static rendezvous of one node
     (--fault-tolerance in-process does not take --standalone yet)."""
     argv = [cli, "run", "--nproc-per-node", str(workers), "--master-port", str(free_port()), "--max-restarts", "1",
             "--monitor-interval", "0.1"]
     return argv + (["--fault-tolerance", "in-process"] if in_process else [])
-
-
-def descendants(pid):
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(")") + 2:].split()[1]) == parent:
-                found.append(int(entry))
-                frontier.append(int(entry))
-    return found
-
-
-def rank_of(pid):
-    try:
-        for item in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
-            if item.startswith(b"RANK="):
-                return int(item[5:])
-    except OSError:
-        pass
-    return None
 
 
 class Job:
