@@ -15,12 +15,11 @@ namespace {
 using cohort::ddp::DistributedDataParallel;
 using cohort::ddp::DistributedDataParallelOptions;
 using cohort::testing::max_grad_error;
+using cohort::testing::MidFail;
+using cohort::testing::MidFailImpl;
 using cohort::testing::run_thread_world;
+using cohort::testing::throw_in_backward;
 using namespace std::chrono_literals;
-
-void throw_in_backward(torch::Tensor& t) {
-  t.register_hook([](torch::Tensor) -> torch::Tensor { throw std::runtime_error("skip this batch"); });
-}
 
 // Bounded well below ctest's limit, above the 1 s skew.
 cohort::comm::InitOptions options() { return cohort::testing::quick_thread_world_options().timeout(10s); }
@@ -72,23 +71,6 @@ TEST_P(FailedStep, SkewedFailureOnEveryRankLeavesTheNextStepExact) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, FailedStep,
                          ::testing::Values(Layout{false, 128}, Layout{true, 128}, Layout{false, 1}, Layout{true, 1}));
-
-// An MLP whose backward can be made to throw between its two layers: the second
-// layer's buckets are then in flight, the first layer's are not.
-struct MidFailImpl : torch::nn::Cloneable<MidFailImpl> {
-  MidFailImpl() { reset(); }
-  void reset() override {
-    a = register_module("a", torch::nn::Linear(6, 8));
-    b = register_module("b", torch::nn::Linear(8, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x, bool fail_between_layers) {
-    auto h = torch::relu(a(x));
-    if (fail_between_layers) throw_in_backward(h);
-    return b(h);
-  }
-  torch::nn::Linear a{nullptr}, b{nullptr};
-};
-TORCH_MODULE(MidFail);
 
 std::vector<torch::Tensor> mid_fail_grads(MidFail model, const torch::Tensor& x) {
   model->zero_grad();

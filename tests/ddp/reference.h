@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <stdexcept>
 #include <vector>
 
 namespace cohort::testing {
@@ -33,5 +34,28 @@ inline double max_grad_error(const std::vector<torch::Tensor>& params, const std
   }
   return worst;
 }
+
+// Makes backward throw when it reaches `t` ("skip this batch"), as a training
+// loop's hook that rejects a batch would (Note [A step that failed]).
+inline void throw_in_backward(torch::Tensor& t) {
+  t.register_hook([](torch::Tensor) -> torch::Tensor { throw std::runtime_error("skip this batch"); });
+}
+
+// An MLP whose backward can be made to throw between its two layers: the second
+// layer's buckets are then in flight, the first layer's are not.
+struct MidFailImpl : torch::nn::Cloneable<MidFailImpl> {
+  MidFailImpl() { reset(); }
+  void reset() override {
+    a = register_module("a", torch::nn::Linear(6, 8));
+    b = register_module("b", torch::nn::Linear(8, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool fail_between_layers) {
+    auto h = torch::relu(a(x));
+    if (fail_between_layers) throw_in_backward(h);
+    return b(h);
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(MidFail);
 
 }  // namespace cohort::testing

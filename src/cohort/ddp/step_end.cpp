@@ -112,7 +112,14 @@ void Reducer::shadow_backward(double divisor) {
     launch_unused_mask();
   }
   launch_status(/*failed=*/false, ++step_);  // mirrors the active ranks' step (Note [Steps that pair])
-  wait_for_step();  // a rank whose backward failed in this step is the active ranks' concern
+  // A rank whose backward failed in this step is the active ranks' concern; but they
+  // discard the step, and so does this rank: in particular it makes no rebuild due
+  // that they would not (Note [Rebuilding buckets]), or its rebuild's broadcast would
+  // meet their next buckets.
+  if (!wait_for_step().empty()) {
+    abandon_iteration(/*wait_launched=*/false);
+    return;
+  }
   if (unused_mask_.defined()) {
     auto used = take_unused_mask();
     if (static_first) {  // the others' first step: what they use is the static set
