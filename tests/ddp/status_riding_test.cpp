@@ -129,7 +129,11 @@ class MixedDtypes : public ::testing::TestWithParam<std::tuple<int, int, bool, s
 // double (riding switches on); variant 1: double / double; variant 2: float /
 // double (the slots move to another bucket and dtype).
 TEST_P(MixedDtypes, GradientsMatchTheReferenceEveryStep) {
-  const auto [variant, world_size, view, cap] = GetParam();
+  // Plain variables, not structured bindings: C++17 lambdas cannot capture those (clang refuses).
+  const auto variant = std::get<0>(GetParam());
+  const auto world_size = std::get<1>(GetParam());
+  const auto view = std::get<2>(GetParam());
+  const auto cap = std::get<3>(GetParam());
   torch::manual_seed(11);
   Mixed reference(variant);
   const int steps = 4;
@@ -348,7 +352,8 @@ INSTANTIATE_TEST_SUITE_P(Review, JoinRides,
 class JoinRidesFailed : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(JoinRidesFailed, AFailedStepWhileARankIsJoinedLeavesTheNextStepExact) {
-  const auto [warm, hook] = GetParam();
+  const auto warm = std::get<0>(GetParam());
+  const auto hook = std::get<1>(GetParam());
   const int W = 3;
   torch::manual_seed(14);
   auto reference = cohort::testing::small_mlp();
@@ -400,7 +405,10 @@ INSTANTIATE_TEST_SUITE_P(Review, JoinRidesFailed, ::testing::Combine(::testing::
 class FailedRides : public ::testing::TestWithParam<std::tuple<int, bool, std::int64_t, bool>> {};
 
 TEST_P(FailedRides, PeersAreToldAndTheNextStepsAreExact) {
-  const auto [failing, view, cap, mid] = GetParam();
+  const auto failing = std::get<0>(GetParam());
+  const auto view = std::get<1>(GetParam());
+  const auto cap = std::get<2>(GetParam());
+  const auto mid = std::get<3>(GetParam());
   const int W = 3;
   torch::manual_seed(15);
   MidFail reference;
