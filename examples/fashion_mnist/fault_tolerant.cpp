@@ -28,6 +28,7 @@
 #include "cohort/fault_tolerance/step_sampler.h"
 #include "cohort/fault_tolerance/training_state.h"
 #include "evaluate.h"
+#include "mixed_precision.h"
 #include "model.h"
 
 namespace fashion_mnist {
@@ -49,13 +50,19 @@ double learning_rate(const TrainerOptions& o, double fraction_done) {
 }
 
 // One step's forward and backward on this replica's share; false when a peer failed.
+// Under --amp bf16 the forward and the loss run in autocast (Note [What fault
+// tolerance composes with]: autocast keeps no state, so a lost replica loses none).
 bool forward_backward(cohort::ddp::DistributedDataParallel<FashionNet>& ddp, torch::optim::Optimizer& optimizer,
-                      cohort::data::FashionMnist& data, const std::vector<std::int64_t>& indices, double weight,
-                      double& loss_out) {
+                      const MixedPrecision& precision, cohort::data::FashionMnist& data,
+                      const std::vector<std::int64_t>& indices, double weight, double& loss_out) {
   try {
     auto batch = data.get_batch(std::vector<std::size_t>(indices.begin(), indices.end()));
     optimizer.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(ddp(batch.data), batch.target);
+    at::Tensor loss;
+    {
+      const auto autocast = precision.autocast();
+      loss = torch::nn::functional::cross_entropy(ddp(batch.data), batch.target);
+    }
     (loss * weight).backward();
     loss_out = loss.item<double>();
     return true;
@@ -80,6 +87,8 @@ int train_fault_tolerant(const TrainerOptions& o) {
   if (o.memory_format == "channels-last") model->use_channels_last();
   if (o.activation_checkpointing) model->use_activation_checkpointing();
   auto optimizer = make(o, model);
+  // bf16 only (options.cpp refuses fp16 here), so the scaler, and its group, are unused.
+  const MixedPrecision precision(o, torch::kCPU, cohort::comm::Group());
   replicas.on_transfer([&](std::ostream& out) { ft::save_training_state(out, *model, optimizer.get()); },
                        [&](std::istream& in) { ft::load_training_state(in, *model, optimizer.get()); });
 
@@ -139,7 +148,7 @@ int train_fault_tolerant(const TrainerOptions& o) {
     if (replicas.step() != step) continue;  // resumed from a checkpoint: begin that step
     const auto s = sampler_step(step);
     optimizer->param_groups()[0].options().set_lr(learning_rate(o, static_cast<double>(step) / run_steps));
-    ok = ok && forward_backward(*ddp, *optimizer, train_set, sampler.indices(s, q->rank, q->size),
+    ok = ok && forward_backward(*ddp, *optimizer, precision, train_set, sampler.indices(s, q->rank, q->size),
                                 sampler.loss_weight(s, q->rank, q->size), loss);
     if (!replicas.end_step(ok)) continue;
     optimizer->step();
@@ -194,6 +203,7 @@ int train_fault_tolerant(const TrainerOptions& o) {
       {"steps", replicas.step()},
       {"wall_seconds", train_s},
       {"world_size", q->size},
+      {"amp", o.amp},
       {"fault_tolerance",
        {{"replica", id},
         {"incarnation", replicas.incarnation()},

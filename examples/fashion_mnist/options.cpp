@@ -143,7 +143,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   if (o.fault_tolerance) {
     // Note [What fault tolerance composes with]: the replica group re-forms DDP over
     // the live replicas; a strategy that keeps state on each rank (ZeRO's shards, a
-    // pipeline's stages, the fp16 scaler) would lose it with the rank.
+    // pipeline's stages, the fp16 scaler) would lose it with the rank. What keeps
+    // none composes: bf16 autocast, activation checkpointing, the memory format.
     auto alone = [&](bool given, const std::string& flag, const std::string& why) {
       if (given) refuse("--fault-tolerance with " + flag + ": " + why);
     };
@@ -154,7 +155,8 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
           "--pipeline-stages 1");
     alone(o.data_parallel_replicas > 1, "--data-parallel-replicas",
           "replicas inside one process die together; use processes (cohort run --nproc-per-node)");
-    alone(o.amp != "off", "--amp " + o.amp, "not wired into the fault-tolerant loop yet; use --amp off");
+    alone(o.amp == "fp16", "--amp fp16",
+          "the GradScaler's skipped steps are not wired into the fault-tolerant loop; use --amp bf16 or off");
     alone(o.comm_hook != "allreduce", "--comm-hook " + o.comm_hook,
           "a hook's state (PowerSGD's error feedback) is per group; use --comm-hook allreduce");
     alone(o.device != "cpu", "--device " + o.device, "the replica group's collectives run on Gloo; use --device cpu");

@@ -144,11 +144,12 @@ INSTANTIATE_TEST_SUITE_P(Points, KillNine,
 // next one forms with another source, and the replacement still gets the state.
 TEST_F(FaultTolerance, SourceDiesDuringLiveTransfer) {
   cohort::testing::TempDir dir("cohort-ft");
-  // Replica 1 dies at step 3; its replacement joins quorum 3, sent by replica 0,
-  // which dies while sending.
-  auto r = run_ft(dir.path, {"--die", "1:backward:3", "--die", "0:sending:3"});
+  // Replica 1 dies at step 3; its replacement joins a later quorum (the third
+  // unless a vote timed out on a loaded machine, when it is a later one: CI once
+  // saw it join the fourth), sent by replica 0, which dies while sending.
+  auto r = run_ft(dir.path, {"--die", "1:backward:3", "--die", "0:sending:0"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_NE(r.out.find("replica 0: sending q3"), std::string::npos) << describe(r);
+  EXPECT_NE(r.out.find("replica 0: sending q"), std::string::npos) << describe(r);
   EXPECT_NE(r.err.find("worker 0 (incarnation 0"), std::string::npos) << "the source did not die\n" << describe(r);
   // Both replacements received the state from a live replica.
   EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 0: done .* received 1"))) << describe(r);

@@ -5,12 +5,37 @@
 
 #include <cstring>
 #include <iterator>
+#include <mutex>
 
 #include "cohort/comm/arrival_board.h"
 #include "cohort/errors.h"
 
 namespace cohort::comm {
 namespace {
+
+// Note [One Gloo launch at a time]
+// PyTorch's flight recorder (c10d::FlightRecorder, in LibTorch 2.x; 1.13 has none)
+// is one object per process, shared by every process group, and each collective's
+// launch records into it. Its record() looks up and inserts the group in a std::map
+// *before* taking its own mutex, so two groups of one process launching at the same
+// moment from two threads corrupt that map. Ranks as threads (tests' thread worlds)
+// died of it under PyTorch 2.11: SIGSEGV in std::_Rb_tree_insert_and_rebalance under
+// FlightRecorder::recordWithResetEnabled: 3 of 25 runs of the whole zero_tests
+// binary, and one test in CI (stop 39); with this lock, none of 40 runs. A program
+// with one rank per process can meet it too, when two of its groups launch from two
+// threads (DDP's buckets from autograd's thread while the main thread uses another
+// group, a fault-tolerant regroup).
+// So every Gloo launch in this process takes one mutex, held only for the call that
+// enqueues the work (microseconds: Gloo's collectives run on its worker threads, and
+// its send and recv post a buffer and return), never for the wait. NCCL's launches
+// are left alone: the first one on a communicator can block in its lazy set-up
+// until the peers arrive, and a process-wide lock held across that could deadlock
+// two groups whose ranks launch in different orders. NCCL groups launched from
+// several threads of one process therefore remain exposed to PyTorch's race.
+std::mutex& gloo_launch_mutex() {
+  static std::mutex m;
+  return m;
+}
 
 bool looks_like_timeout(const std::string& what) {
   for (const char* needle : {"imed out", "imeout", "TIMEOUT"})
@@ -176,7 +201,12 @@ Pending Group::launch(const char* op, std::int64_t bytes,
     check_same_call(g, op, seq, bytes);
   c10::intrusive_ptr<compat::Work> work;
   try {
-    work = issue();
+    if (g.backend->getBackendName() == "gloo") {
+      std::lock_guard<std::mutex> lock(gloo_launch_mutex());  // Note [One Gloo launch at a time]
+      work = issue();
+    } else {
+      work = issue();
+    }
   } catch (const std::exception& e) {
     // The backend refused the call itself (dtype, shape, device): this rank's input,
     // not a peer, is at fault.

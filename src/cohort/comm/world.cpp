@@ -91,14 +91,12 @@ InitOptions InitOptions::from_env(const EnvMap& env) {
   if (auto v = get("GLOO_SOCKET_IFNAME")) o.network_interface(*v);
   if (auto v = get("COHORT_CHECK_COLLECTIVES")) o.check_collectives(*v != "0");
   if (auto v = get("COHORT_GLOO_THREADS")) {
-    int n = 0;
-    std::size_t used = 0;
-    try {
-      n = std::stoi(*v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v->size() || n < 1)
+    // Digits only (std::stoi alone would take " 4" and "+4"); more than 9 digits
+    // cannot be a thread count, and would overflow an int.
+    const bool digits =
+        v->size() <= 9 && std::all_of(v->begin(), v->end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int n = digits ? std::stoi(*v) : 0;
+    if (n < 1)
       throw ConfigError(fmt::format("COHORT_GLOO_THREADS='{}' is not a positive whole number; unset it (4 threads) "
                                     "or give e.g. COHORT_GLOO_THREADS=2",
                                     *v));

@@ -175,6 +175,7 @@ void ReplicaGroup::finish() { store_->set(keys::finished(), util::to_bytes(std::
 
 const Quorum& ReplicaGroup::begin_step() {
   if (quorum_ && !need_regroup_) {
+    if (!abandoned_.empty()) release_settled_groups();
     quorum_->changed = false;
     return *quorum_;
   }
@@ -255,6 +256,29 @@ void ReplicaGroup::regroup() {
   }
 }
 
+// Note [Abandoned groups]
+// A group left for a new quorum is not destroyed at once: a collective of it may
+// still be stuck on a stopped peer until collective_timeout, and destroying Gloo's
+// backend waits for its work, which would stall the survivors' regroup. It is kept
+// until collective_timeout (and a second of grace) has passed since it was left;
+// by then each of its collectives has finished or failed, so destroying it is
+// quick. Then it goes, with its Gloo threads, sockets and its arrival board's
+// publisher thread and store connection: a long job that regroups often holds only
+// the groups of the last collective_timeout, not one per regroup since it started.
+void ReplicaGroup::abandon_group() {
+  release_settled_groups();
+  if (world_) abandoned_.push_back({std::move(*world_), Clock::now()});
+  world_.reset();
+  stats_.groups_held = static_cast<std::int64_t>(abandoned_.size());
+}
+
+void ReplicaGroup::release_settled_groups() {
+  const auto settled = options_.collective_timeout() + std::chrono::seconds(1);
+  const auto now = Clock::now();
+  while (!abandoned_.empty() && now - abandoned_.front().since > settled) abandoned_.pop_front();
+  stats_.groups_held = static_cast<std::int64_t>(abandoned_.size());
+}
+
 ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   Member me{id_, incarnation_, fresh_ ? -1 : step_};
   FormRules rules;
@@ -279,12 +303,7 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
     return Outcome::kOut;
   }
   const int size = static_cast<int>(record.members.size());
-  // Note [Abandoned groups]
-  // The old group is not destroyed here: a collective of it may still be stuck on a
-  // stopped peer until collective_timeout, and destroying Gloo's backend waits for
-  // its work. It is kept until the ReplicaGroup goes, when every such wait is over.
-  if (world_) retired_.push_back(std::move(*world_));
-  world_.reset();
+  abandon_group();
   bool ok = true;
   try {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(keys::quorum(target), store_);

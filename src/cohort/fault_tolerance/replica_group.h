@@ -25,7 +25,9 @@
 // Start it with `cohort run --fault-tolerance in-process` (docs/fault_tolerance.md):
 // the launcher restarts only a dead worker and tells the survivors at once.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <iosfwd>
 #include <memory>
@@ -61,6 +63,9 @@ struct ReplicaGroupStats {
   std::int64_t transfers_sent = 0;
   std::int64_t transfers_received = 0;
   double last_regroup_seconds = 0;   // the last begin_step that formed a quorum
+  // Abandoned groups still held, waiting out collective_timeout (Note [Abandoned
+  // groups]): a few after a burst of regroups, none once it has passed.
+  std::int64_t groups_held = 0;
 };
 
 struct WatchState;
@@ -129,7 +134,13 @@ class ReplicaGroup {
   std::int64_t step_ = 0;
   std::optional<Quorum> quorum_;
   std::optional<comm::World> world_;
-  std::vector<comm::World> retired_;  // Note [Abandoned groups]
+  struct Abandoned {
+    comm::World world;
+    std::chrono::steady_clock::time_point since;
+  };
+  void abandon_group();
+  void release_settled_groups();
+  std::deque<Abandoned> abandoned_;  // Note [Abandoned groups]
   std::int64_t join_requests_seen_ = 0;
   bool need_regroup_ = true;
   bool healthy_ = false;  // the current group has not failed

@@ -6,7 +6,8 @@
 //                      PHASE: "backward" (step AT, while DDP's buckets are in flight),
 //                      "vote" (step AT, after its collectives, before its vote), or a
 //                      quorum event ("arrived", "formed", "sending", "receiving") of
-//                      quorum AT;
+//                      quorum AT, or of any quorum when AT is 0 (the first such
+//                      event: which quorum it falls in depends on timing);
 //   --stop R:AT        replica R stops itself (SIGSTOP) in backward at step AT; the
 //                      test resumes it;
 //   --degraded-step-ms MS  sleep MS before each step trained with fewer than every
@@ -112,7 +113,8 @@ int main(int argc, char** argv) {
     std::printf("replica %d: %s\n", my_id, event.c_str());
     std::fflush(stdout);
     for (const auto& die : dies)
-      if (my_incarnation == 0 && die.replica == my_id && event == die.phase + " q" + std::to_string(die.at))
+      if (my_incarnation == 0 && die.replica == my_id &&
+          (die.at == 0 ? event.rfind(die.phase + " q", 0) == 0 : event == die.phase + " q" + std::to_string(die.at)))
         raise(SIGKILL);
   });
   auto replicas = ft::ReplicaGroup::join(options);

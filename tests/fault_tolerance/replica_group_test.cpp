@@ -1,0 +1,66 @@
+// ReplicaGroup with replicas as threads over one in-memory store: the groups of
+// abandoned quorums are released once collective_timeout has passed (Note
+// [Abandoned groups]), and the current one keeps working.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <future>
+#include <thread>
+
+#include "cohort/fault_tolerance/replica_group.h"
+
+namespace ft = cohort::fault_tolerance;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Held {
+  std::int64_t after_aborts = -1, after_timeout = -1, quorums = 0;
+  double sum = 0;
+};
+
+// Replica `id` of 2: three aborted steps (three regroups, each leaving a group
+// behind), then a wait past collective_timeout and its grace, then one step that
+// commits with an all_reduce over the current group.
+Held run_replica(const c10::intrusive_ptr<c10d::Store>& store, int id) {
+  auto options = ft::ReplicaGroupOptions().collective_timeout(1s).quorum_timeout(5s).start_timeout(20s);
+  ft::ReplicaGroup replicas(store, store, id, 2, 0, options);
+  Held held;
+  for (int i = 0; i < 3; ++i) {
+    replicas.begin_step();
+    EXPECT_FALSE(replicas.end_step(false)) << "replica " << id << ", abort " << i;
+  }
+  const auto fourth = replicas.begin_step().id;  // forms the fourth quorum
+  held.after_aborts = replicas.stats().groups_held;
+  EXPECT_TRUE(replicas.end_step(true));
+  std::this_thread::sleep_for(2200ms);  // collective_timeout (1 s) and the grace (1 s) have passed
+  const auto& again = replicas.begin_step();
+  held.after_timeout = replicas.stats().groups_held;
+  EXPECT_EQ(again.id, fourth) << "no new quorum was needed";
+  EXPECT_FALSE(again.changed);
+  auto group = again.group;
+  auto t = torch::full({2}, static_cast<double>(id + 1), torch::kFloat64);
+  group.all_reduce(t);
+  held.sum = t[0].item<double>();
+  EXPECT_TRUE(replicas.end_step(true));
+  held.quorums = replicas.stats().quorums;
+  return held;
+}
+
+TEST(ReplicaGroup, AbandonedGroupsAreReleasedOnceTheirCollectivesCanNoLongerRun) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto a = std::async(std::launch::async, [&] { return run_replica(store, 0); });
+  auto b = std::async(std::launch::async, [&] { return run_replica(store, 1); });
+  for (const auto& held : {a.get(), b.get()}) {
+    EXPECT_EQ(held.quorums, 4);
+    // The first three quorums' groups, held while their collectives could still be
+    // stuck (all three were left within the last collective_timeout)...
+    EXPECT_EQ(held.after_aborts, 3);
+    // ...and none once that has passed; the current group still reduces.
+    EXPECT_EQ(held.after_timeout, 0);
+    EXPECT_EQ(held.sum, 3.0);
+  }
+}
+
+}  // namespace
