@@ -201,12 +201,9 @@ Pending Group::launch(const char* op, std::int64_t bytes,
     check_same_call(g, op, seq, bytes);
   c10::intrusive_ptr<compat::Work> work;
   try {
-    if (g.backend->getBackendName() == "gloo") {
-      std::lock_guard<std::mutex> lock(gloo_launch_mutex());  // Note [One Gloo launch at a time]
-      work = issue();
-    } else {
-      work = issue();
-    }
+    std::unique_lock<std::mutex> lock(gloo_launch_mutex(), std::defer_lock);  // Note [One Gloo launch at a time]
+    if (g.backend->getBackendName() == "gloo") lock.lock();
+    work = issue();
   } catch (const std::exception& e) {
     // The backend refused the call itself (dtype, shape, device): this rank's input,
     // not a peer, is at fault.
