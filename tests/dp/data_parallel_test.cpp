@@ -113,7 +113,11 @@ TEST(DataParallel, EvalModeReachesTheReplicas) {
   model->eval();
   auto x = torch::randn({6, 4});
   torch::NoGradGuard no_grad;
-  EXPECT_TRUE(torch::equal(dp(x), model->forward(x)));  // no dropout anywhere
+  // Dropout at p = 0.5 would zero about half the outputs and double the rest, so
+  // a tight tolerance still fails if any replica kept training mode. Bitwise
+  // equality does not hold: the replicas multiply 3-row chunks and the reference
+  // the 6-row whole, and LibTorch 2.x may pick a different GEMM kernel for each.
+  EXPECT_TRUE(torch::allclose(dp(x), model->forward(x), 1e-5, 1e-6));  // no dropout anywhere
   EXPECT_FALSE(dp.replica(1)->is_training());
 }
 
