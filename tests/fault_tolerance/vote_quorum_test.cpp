@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 
+#include "cohort/compat/c10d.h"
 #include "cohort/errors.h"
 #include "cohort/fault_tolerance/quorum.h"
 #include "cohort/fault_tolerance/vote.h"
@@ -55,6 +56,26 @@ TEST(Vote, AnAbortFromOutsideWakesTheWaiters) {
   EXPECT_EQ(ft::abort_vote(*s, "v"), ft::Decision::kAbort);
   EXPECT_EQ(waiter.wait_for(5s), std::future_status::ready);
   EXPECT_EQ(waiter.get().decision, ft::Decision::kAbort);
+}
+
+// Over c10d's own TCPStore, which does not wake a waiter when compareSet writes
+// its key (Note [Waking the waiters]), the decision still reaches the waiting
+// member at once, not when its 20 s wait runs out.
+TEST(Vote, OverC10dsTcpStoreTheDecisionWakesTheWaiters) {
+  auto server = cohort::compat::make_tcp_store("127.0.0.1", 0, true, 30s);
+  auto client = [&] { return cohort::compat::make_tcp_store("127.0.0.1", server->getPort(), false, 30s); };
+  auto a = client(), b = client();
+  auto waiter = std::async(std::launch::async, [&] { return ft::vote(*a, "v", 2, true, 20s); });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(ft::vote(*b, "v", 2, true, 20s).decision, ft::Decision::kCommit);
+  ASSERT_EQ(waiter.wait_for(10s), std::future_status::ready) << "the waiter slept until its own timeout";
+  EXPECT_EQ(waiter.get().decision, ft::Decision::kCommit);
+  // An abort from outside (the watcher's) likewise.
+  auto aborted = std::async(std::launch::async, [&] { return ft::vote(*a, "w", 2, true, 20s); });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(ft::abort_vote(*b, "w"), ft::Decision::kAbort);
+  ASSERT_EQ(aborted.wait_for(10s), std::future_status::ready) << "the waiter slept until its own timeout";
+  EXPECT_EQ(aborted.get().decision, ft::Decision::kAbort);
 }
 
 TEST(Vote, TheLastVoterAsksWhetherToRegroup) {

@@ -60,8 +60,14 @@ TEST(InProcessFlags, RefusalsNameTheFlagAndTheFix) {
   expect_usage_error({"--fault-tolerance", "in-process", "--standalone", "prog"}, "--standalone yet");
   expect_usage_error({"--fault-tolerance", "in-process", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5", "prog"},
                      "--rdzv-backend c10d) yet");
-  expect_usage_error({"--fault-tolerance", "in-process", "--nnodes", "2", "--master-port", "5", "prog"},
-                     "--nnodes 2 yet");
+  // Static nodes are taken (Note [In-process fault tolerance needs static nodes]);
+  // --min-replicas counts the workers of every node.
+  EXPECT_TRUE(in_process_fault_tolerance(
+      parse({"--fault-tolerance", "in-process", "--nnodes", "2", "--master-port", "5", "--min-replicas", "4",
+             "--nproc-per-node", "2", "prog"})));
+  expect_usage_error({"--fault-tolerance", "in-process", "--nnodes", "2", "--master-port", "5", "--min-replicas", "5",
+                      "--nproc-per-node", "2", "prog"},
+                     "--min-replicas 5: the job has only 4");
   // What run_agent checks once --nproc-per-node auto or cpu is resolved.
   RunOptions o;
   o.fault_tolerance = "in-process";

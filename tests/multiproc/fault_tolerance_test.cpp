@@ -35,8 +35,8 @@ std::map<std::string, std::string> ft_env() {
 }
 
 std::vector<std::string> launch(const std::string& out, const std::vector<std::string>& args,
-                                const std::vector<std::string>& launcher_flags = {}) {
-  std::vector<std::string> argv{COHORT_CLI_PATH,  "run",       "--nproc-per-node", std::to_string(kReplicas),
+                                const std::vector<std::string>& launcher_flags = {}, int nproc = kReplicas) {
+  std::vector<std::string> argv{COHORT_CLI_PATH,  "run",       "--nproc-per-node", std::to_string(nproc),
                                 "--fault-tolerance", "in-process", "--max-restarts", "3",
                                 "--stop-timeout",    "3",          COHORT_FT_WORKER_PATH,
                                 "--steps",           std::to_string(kSteps), "--out", out,
@@ -203,6 +203,71 @@ TEST_F(FaultTolerance, StoppedReplicaIsDroppedAndTakenBack) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 2: done .* received 1"))) << describe(r);
   expect_reference_weights(dir.path, r);
   expect_survivor_committed_all(r, 0);
+}
+
+// Two static nodes on this host (Note [In-process fault tolerance needs static
+// nodes]): node 0 runs replicas 0 and 1 and hosts the store, node 1 runs replica 2.
+std::vector<std::string> launch_node(int node, const std::string& port, const std::string& out,
+                                     const std::vector<std::string>& args) {
+  return launch(out, args,
+                {"--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr", "127.0.0.1", "--master-port",
+                 port, "--join-timeout", "60"},
+                node == 0 ? 2 : 1);
+}
+
+// A worker of node 1 dies: node 1's agent replaces it, and node 0's replicas go on.
+TEST_F(FaultTolerance, AWorkerOfTheSecondNodeIsReplacedByItsOwnAgent) {
+  cohort::testing::TempDir dir("cohort-ft");
+  const auto port = std::to_string(cohort::testing::free_port());
+  cohort::testing::Subprocess node0(launch_node(0, port, dir.path, {}), ft_env());
+  cohort::testing::Subprocess node1(launch_node(1, port, dir.path, {"--die", "2:backward:5"}), ft_env());
+  auto r1 = node1.finish(180s);
+  auto r0 = node0.finish(180s);
+  ASSERT_EQ(r1.exit_code, 0) << describe(r1);
+  ASSERT_EQ(r0.exit_code, 0) << describe(r0);
+  EXPECT_NE(r1.err.find("worker 2 (incarnation 0"), std::string::npos) << describe(r1);
+  EXPECT_NE(r1.err.find("restarting only this worker"), std::string::npos) << describe(r1);
+  EXPECT_TRUE(std::regex_search(r1.out, std::regex("replica 2: done .* received 1"))) << describe(r1);
+  expect_reference_weights(dir.path, r0);
+  expect_survivor_committed_all(r0, 0);
+  expect_survivor_committed_all(r0, 1);
+}
+
+// Node 1 vanishes, agent and worker together (kill -9 of its launcher while its
+// replica is stopped mid-step): node 0's replicas drop it at their deadline and
+// train on as two. Node 1's agent started again with the same --node-rank gets its
+// replica back in: a new incarnation (Note [A node started again]) that takes the
+// state from a live replica.
+TEST_F(FaultTolerance, ANodeThatVanishesIsDroppedAndTakenBackWhenStartedAgain) {
+  cohort::testing::TempDir dir("cohort-ft");
+  const auto port = std::to_string(cohort::testing::free_port());
+  cohort::testing::Subprocess node0(launch_node(0, port, dir.path, {}), ft_env());
+  cohort::testing::Subprocess first(launch_node(1, port, dir.path, {"--stop", "2:4"}), ft_env());
+  std::smatch m;
+  std::regex stopping("replica 2: stopping at step 4 pid (\\d+)");
+  ASSERT_TRUE(first.read_until([&](const std::string& out) { return std::regex_search(out, m, stopping); }, 60s))
+      << first.out() << first.err();
+  const pid_t worker = std::stoi(m[1]);
+  ::kill(first.pid(), SIGKILL);  // the node's agent; its worker goes with it (Note [No orphans])
+  first.finish(30s);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (::kill(worker, 0) == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  ASSERT_NE(::kill(worker, 0), 0) << "the vanished node's worker outlived its agent";
+  // Node 0 trains on without it: a quorum of its two replicas.
+  ASSERT_TRUE(node0.read_until(
+      [](const std::string& out) { return out.find("replica 0: joined q2") != std::string::npos; }, 60s))
+      << node0.out() << node0.err();
+  cohort::testing::Subprocess again(launch_node(1, port, dir.path, {}), ft_env());
+  auto r1 = again.finish(180s);
+  auto r0 = node0.finish(180s);
+  ASSERT_EQ(r1.exit_code, 0) << describe(r1);
+  ASSERT_EQ(r0.exit_code, 0) << describe(r0);
+  EXPECT_NE(r1.err.find("node 1 joins a job in progress"), std::string::npos) << describe(r1);
+  EXPECT_NE(r1.out.find("replica 2: incarnation 4 "), std::string::npos) << describe(r1);
+  EXPECT_TRUE(std::regex_search(r1.out, std::regex("replica 2: done .* received 1"))) << describe(r1);
+  expect_reference_weights(dir.path, r0);
+  expect_survivor_committed_all(r0, 0);
+  expect_survivor_committed_all(r0, 1);
 }
 
 }  // namespace

@@ -238,7 +238,16 @@ void ReplicaGroup::regroup() {
   std::int64_t target = quorum_ ? quorum_->id + 1 : 1;
   if (fresh_ || !quorum_) {
     std::int64_t hint = 1;
-    if (store_->check({keys::latest()})) hint = std::stoll(util::from_bytes(store_->get(keys::latest())));
+    if (store_->check({keys::latest()})) {
+      hint = std::stoll(util::from_bytes(store_->get(keys::latest())));
+      // Note [A late first arrival joins]
+      // A first incarnation that finds a quorum already decided was not in it: it
+      // arrived after the job began (its node's agent was started again after the
+      // node vanished, or it was slow to start). It has no state worth keeping, so
+      // it joins as a replacement does: at the next undecided quorum, asking in
+      // after it arrives, and taking the state from a live replica.
+      if (!quorum_) fresh_ = true;
+    }
     if (fresh_) target = next_undecided(*store_, hint);
   }
   for (;;) {

@@ -19,8 +19,19 @@ Decision parse(const std::vector<std::uint8_t>& value) {
   return Decision::kAbort;
 }
 
+// Note [Waking the waiters]
+// c10d's TCPStore (the workers' store of a job of several nodes) does not wake a
+// client waiting on a key that compareSet writes: only set and add do. cohort's
+// store and HashStore do wake it. So the waiters wait on a second key, written with
+// a plain set by whoever decides (or reads a decision back) once the decision is
+// in place; without it each member whose vote did not complete the count slept its
+// whole timeout on c10d's store, and every step took --quorum-timeout.
+std::string decided_key(const std::string& vote) { return vote + "/decided"; }
+
 Decision decide(c10d::Store& store, const std::string& vote, const std::string& desired) {
-  return parse(store.compareSet(decision_key(vote), {}, util::to_bytes(desired)));
+  const auto decision = parse(store.compareSet(decision_key(vote), {}, util::to_bytes(desired)));
+  store.set(decided_key(vote), util::to_bytes("1"));
+  return decision;
 }
 
 }  // namespace
@@ -36,7 +47,7 @@ VoteResult vote(c10d::Store& store, const std::string& vote, int members, bool o
   if (count == members) return {decide(store, vote, regroup && regroup() ? kCommitAndRegroup : kCommit), false};
   const auto key = decision_key(vote);
   try {
-    store.wait({key}, timeout);
+    store.wait({decided_key(vote)}, timeout);  // Note [Waking the waiters]
   } catch (const std::exception&) {
     // A member never voted: it is stopped, or died unseen. Note [One decision per vote]
     const auto decided = abort_vote(store, vote);

@@ -172,9 +172,11 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   std::optional<InProcessRestarts> in_process;
   // Publishing a death must not keep the agent from the survivors for long: the store
   // is this agent's own, so 10 s is plenty (or --join-timeout, when shorter).
-  if (in_process_fault_tolerance(options))
+  if (in_process_fault_tolerance(options)) {
     in_process.emplace(rendezvous.workers_view(0, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10))),
                        options.max_restarts);
+    context.first_incarnation = in_process->first_incarnation(options.node_rank);
+  }
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
     const auto started = std::chrono::steady_clock::now();

@@ -14,6 +14,8 @@ std::string ft_dead_key(int rank) { return fmt::format("cohort/ft/dead/{}", rank
 
 std::string ft_event_key(std::int64_t n) { return fmt::format("cohort/ft/event/{}", n); }
 
+std::string ft_node_starts_key(int node_rank) { return fmt::format("cohort/ft/node_starts/{}", node_rank); }
+
 std::int64_t publish_death(c10d::Store& store, int rank, int incarnation) {
   store.set(ft_dead_key(rank), util::to_bytes(std::to_string(incarnation)));
   const auto n = store.add(kFtEventsKey, 1);
@@ -48,6 +50,15 @@ std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_time
 
 InProcessRestarts::InProcessRestarts(c10::intrusive_ptr<c10d::Store> workers_store, int max_restarts)
     : store_(std::move(workers_store)), max_restarts_(max_restarts) {}
+
+int InProcessRestarts::first_incarnation(int node_rank) {
+  const auto starts = store_->add(ft_node_starts_key(node_rank), 1);
+  if (starts > 1)
+    fmt::print(stderr, "cohort run: node {} joins a job in progress (start {} of this node); its workers join the "
+                       "others' next quorum and take the state from a live one\n",
+               node_rank, starts);
+  return static_cast<int>((starts - 1) * (max_restarts_ + 1));
+}
 
 FailureAction InProcessRestarts::on_death(const WorkerOutcome& outcome, int incarnation) {
   const int rank = outcome.slot.rank;

@@ -19,6 +19,16 @@
 // (StaticRendezvous::workers_view), each operation bounded by 10 s; a store that
 // fails is reported on stderr and the replacement still starts.
 //
+// Note [A node started again]
+// With several static nodes, a node's agent may vanish with its workers (the
+// machine died) and be started again with the same --node-rank while the others
+// train on. Its workers are new incarnations of their ranks, and must not share a
+// number with an earlier one, whose death may be published under it (a survivor
+// would take the newcomer for dead). So each agent start of node N counts itself
+// in the store, n = add(cohort/ft/node_starts/<N>, 1), and its first workers are
+// incarnation (n - 1) * (--max-restarts + 1): above every number the earlier
+// agent could have given, since each replacement spends one of --max-restarts.
+//
 // Note [A replacement is its rank]
 // A replacement gets exactly the environment of its rank's first process (RANK,
 // LOCAL_RANK, MASTER_PORT, COHORT_STORE_PREFIX, the token, TORCHELASTIC_RESTART_COUNT
@@ -45,6 +55,7 @@ enum class FailureAction {
 std::string ft_dead_key(int rank);
 inline constexpr const char* kFtEventsKey = "cohort/ft/events";
 std::string ft_event_key(std::int64_t n);
+std::string ft_node_starts_key(int node_rank);  // Note [A node started again]
 
 // Publishes the death of `rank`'s incarnation `incarnation` on `store` (the
 // workers' prefix); returns the event's number.
@@ -72,6 +83,11 @@ class InProcessRestarts {
   // and says whether to replace it. A store that fails is reported and does not stop
   // the replacement: the survivors still see the replacement join.
   FailureAction on_death(const WorkerOutcome& outcome, int incarnation);
+
+  // Counts this agent's start of node `node_rank` in the store and returns the
+  // incarnation of its first workers (Note [A node started again]). A store that
+  // fails is an error: the workers could not be told apart from earlier ones.
+  int first_incarnation(int node_rank);
 
   int restarts_used() const { return used_; }
   int not_replaced() const { return not_replaced_; }

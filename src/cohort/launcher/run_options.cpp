@@ -234,12 +234,16 @@ void validate_elastic(const RunOptions& o) {
   validate_common(o);
 }
 
-// Note [In-process fault tolerance needs one static node]
+// Note [In-process fault tolerance needs static nodes]
 // The launcher replaces a dead worker with the same RANK on the same store, which
-// only the static agent of a single node can do today: the elastic agent ends a
-// round when a worker fails and re-forms the world, and a static job of several
-// nodes would need every node's agent to publish its deaths in one place. Both are
-// refused rather than half supported.
+// the static agents can do: every agent publishes the deaths of its own workers
+// under their global ranks on node 0's store (Note [In-process fault tolerance:
+// the keys]), and an agent that disappears with its node publishes nothing; the
+// survivors drop its workers at their collective or quorum deadline, and take them
+// back when the node's agent is started again with the same --node-rank. The
+// elastic agent ends a round when a worker fails and re-forms the world, so it is
+// refused rather than half supported, and so is --standalone (a random run id and
+// port: nothing a restarted node could find again).
 void validate_fault_tolerance(const RunOptions& o) {
   if (o.fault_tolerance != "none" && o.fault_tolerance != "in-process")
     throw UsageError(fmt::format("--fault-tolerance {}: use none (a failure restarts every worker) or in-process "
@@ -260,16 +264,12 @@ void validate_fault_tolerance(const RunOptions& o) {
     throw UsageError("--fault-tolerance in-process: not supported with the elastic rendezvous (--rdzv-backend c10d) "
                      "yet; use the static rendezvous of one node (drop --rdzv-backend), or --fault-tolerance none "
                      "with --max-restarts");
-  if (o.max_nodes > 1 || o.min_nodes > 1)
-    throw UsageError(fmt::format("--fault-tolerance in-process: not supported with --nnodes {} yet, only one node; "
-                                 "run one node (--nnodes 1), or use --fault-tolerance none",
-                                 o.max_nodes));
 }
 
 }  // namespace
 
 void validate(const RunOptions& o) {
-  validate_fault_tolerance(o);  // Note [In-process fault tolerance needs one static node]
+  validate_fault_tolerance(o);  // Note [In-process fault tolerance needs static nodes]
   if (o.nproc_per_node != "auto" && o.nproc_per_node != "cpu" && o.nproc_per_node != "gpu") {
     const int nproc = resolve_nproc(o.nproc_per_node, 1, 0);
     check_min_replicas(o, nproc * o.max_nodes);
@@ -299,9 +299,12 @@ void validate(const RunOptions& o) {
                      "--master-port PORT (and --master-addr HOST of node 0)");
   if (o.max_nodes > 1 && o.standalone)
     throw UsageError("--standalone runs a single node; drop it, or use --nnodes 1");
-  if (o.max_nodes > 1 && o.max_restarts > 0)
+  // Each node's agent replaces its own dead workers alone under in-process fault
+  // tolerance; restarting every worker of several static nodes is not coordinated.
+  if (o.max_nodes > 1 && o.max_restarts > 0 && !in_process_fault_tolerance(o))
     throw UsageError("--max-restarts: restarting a job of several nodes needs the elastic rendezvous; add "
-                     "--rdzv-backend c10d --rdzv-endpoint HOST:PORT");
+                     "--rdzv-backend c10d --rdzv-endpoint HOST:PORT (or --fault-tolerance in-process, where each "
+                     "node's agent replaces only its dead workers)");
   validate_common(o);
 }
 

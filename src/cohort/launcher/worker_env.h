@@ -28,6 +28,9 @@ struct AttemptContext {
   // TORCHELASTIC_MAX_RESTARTS: the job's limit (the elastic rendezvous record's);
   // options.max_restarts when unset.
   std::optional<int> max_restarts;
+  // COHORT_FT_INCARNATION of the attempt's first workers: 0, or more for a node
+  // started again under --fault-tolerance in-process (Note [A node started again]).
+  int first_incarnation = 0;
 };
 
 // Note [Variables the launcher owns]

@@ -48,7 +48,7 @@ WorkerGroup::WorkerGroup(const RunOptions& options, const comm::EnvMap& env, con
       report_path_(dir / "report.txt") {
   try {
     make_log_dirs(dir, nproc);
-    for (int local = 0; local < nproc; ++local) workers_.push_back(spawn_one(local, 0));
+    for (int local = 0; local < nproc; ++local) workers_.push_back(spawn_one(local, context_.first_incarnation));
   } catch (...) {
     kill_and_reap_all();  // a half-started job leaves nothing behind
     throw;
