@@ -64,4 +64,31 @@ TEST(ReplicaGroup, AbandonedGroupsAreReleasedOnceTheirCollectivesCanNoLongerRun)
   }
 }
 
+// Note [Forgetting committed votes]: the store does not grow with the steps. Each
+// replica reports the store's key count after 5 and after 35 committed steps; both
+// counts are taken between the same two barriers-by-vote, so they are comparable.
+std::pair<std::int64_t, std::int64_t> keys_after_steps(const c10::intrusive_ptr<c10d::HashStore>& store, int id) {
+  ft::ReplicaGroup replicas(store, store, id, 2, 0, ft::ReplicaGroupOptions().quorum_timeout(10s).start_timeout(20s));
+  std::int64_t after_5 = -1;
+  for (int step = 0; step < 35; ++step) {
+    replicas.begin_step();
+    EXPECT_TRUE(replicas.end_step(true)) << "replica " << id << ", step " << step;
+    if (step == 4) after_5 = store->getNumKeys();
+  }
+  return {after_5, store->getNumKeys()};
+}
+
+TEST(ReplicaGroup, CommittedVotesAreForgottenSoTheStoreDoesNotGrowWithTheSteps) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto a = std::async(std::launch::async, [&] { return keys_after_steps(store, 0); });
+  auto b = std::async(std::launch::async, [&] { return keys_after_steps(store, 1); });
+  const auto ka = a.get(), kb = b.get();
+  // 30 more steps would have left 90 more keys; the last vote and the one each
+  // replica may not have forgotten yet make a difference of a few at most.
+  for (const auto& [after_5, after_35] : {ka, kb}) {
+    EXPECT_GT(after_5, 0);
+    EXPECT_LE(after_35, after_5 + 3) << "after 5 steps: " << after_5 << " keys, after 35: " << after_35;
+  }
+}
+
 }  // namespace

@@ -221,6 +221,7 @@ bool ReplicaGroup::end_step(bool ok) {
       need_regroup_ = true;
       [[fallthrough]];
     case Decision::kCommit:
+      forget_committed_vote(name);
       ++step_;
       return true;
     case Decision::kAbort:
@@ -229,6 +230,28 @@ bool ReplicaGroup::end_step(bool ok) {
   need_regroup_ = true;
   ++stats_.aborted_steps;
   return false;
+}
+
+// Note [Forgetting committed votes]
+// Each step leaves three keys in the job's store (its vote count, decision and
+// wake-up key), so a long run would grow the store by millions of keys. Once step
+// s is committed, every member has voted on s, and so has read the decision of
+// its vote before, when that was in the same quorum: no member can read it again,
+// and each member deletes it (deleting twice is harmless). Across a quorum change
+// the earlier vote is kept: a member of the old quorum left out of the new one (a
+// stopped replica that resumes) may still be about to read it. The watcher aborts
+// only the vote in progress. The votes kept, aborted ones included, and each
+// quorum's own keys are one per failure or join, not one per step.
+void ReplicaGroup::forget_committed_vote(const std::string& name) {
+  if (!committed_vote_.empty() && committed_quorum_ == quorum_->id) {
+    try {
+      forget_vote(*store_, committed_vote_);
+    } catch (const std::exception&) {
+      // A store that fails here fails the next vote too, which says so.
+    }
+  }
+  committed_vote_ = name;
+  committed_quorum_ = quorum_->id;
 }
 
 void ReplicaGroup::regroup() {

@@ -122,6 +122,7 @@ class ReplicaGroup {
   void regroup();
   Outcome try_quorum(std::int64_t target);
   std::string step_vote() const;
+  void forget_committed_vote(const std::string& name);
   void set_watched(std::vector<std::string> votes, const std::vector<Member>& members);
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -132,6 +133,8 @@ class ReplicaGroup {
   ReplicaGroupOptions options_;
   bool fresh_;  // a replacement with no state of its own yet
   std::int64_t step_ = 0;
+  std::string committed_vote_;  // the last committed step's vote (Note [Forgetting committed votes])
+  std::int64_t committed_quorum_ = 0;  // ...and its quorum
   std::optional<Quorum> quorum_;
   std::optional<comm::World> world_;
   struct Abandoned {

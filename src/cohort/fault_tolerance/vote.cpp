@@ -40,6 +40,10 @@ std::string decision_key(const std::string& vote) { return vote + "/decision"; }
 
 Decision abort_vote(c10d::Store& store, const std::string& vote) { return decide(store, vote, kAbort); }
 
+void forget_vote(c10d::Store& store, const std::string& vote) {
+  for (const auto& key : {vote + "/votes", decision_key(vote), decided_key(vote)}) store.deleteKey(key);
+}
+
 VoteResult vote(c10d::Store& store, const std::string& vote, int members, bool ok, std::chrono::milliseconds timeout,
                 const std::function<bool()>& regroup) {
   if (!ok) return {abort_vote(store, vote), false};

@@ -40,4 +40,8 @@ VoteResult vote(c10d::Store& store, const std::string& vote, int members, bool o
 // Writes "abort" unless the vote is decided already; returns the decision.
 Decision abort_vote(c10d::Store& store, const std::string& vote);
 
+// Deletes the vote's keys. Only once no member can still read them: see Note
+// [Forgetting committed votes] in replica_group.cpp.
+void forget_vote(c10d::Store& store, const std::string& vote);
+
 }  // namespace cohort::fault_tolerance
