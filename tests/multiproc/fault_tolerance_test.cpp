@@ -205,6 +205,21 @@ TEST_F(FaultTolerance, StoppedReplicaIsDroppedAndTakenBack) {
   expect_survivor_committed_all(r, 0);
 }
 
+// COHORT_FT_INCARNATION is read strictly, and before the store is dialled (port 1:
+// nothing listens), so bad input is named at once.
+TEST(FaultToleranceInput, AnIncarnationThatIsNotAWholeNumberIsNamed) {
+  for (const char* bad : {"1x", "-1", " 2", "99999999999"}) {
+    auto r = cohort::testing::run_process(
+        {COHORT_FT_WORKER_PATH, "--steps", "1"}, 60s,
+        {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"},
+         {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"COHORT_FAULT_TOLERANCE", "in-process"},
+         {"COHORT_FT_INCARNATION", bad}});
+    EXPECT_NE(r.exit_code, 0) << bad << "\n" << describe(r);
+    EXPECT_NE(r.err.find("COHORT_FT_INCARNATION: '" + std::string(bad) + "'"), std::string::npos)
+        << bad << "\n" << describe(r);
+  }
+}
+
 // Two static nodes on this host (Note [In-process fault tolerance needs static
 // nodes]): node 0 runs replicas 0 and 1 and hosts the store, node 1 runs replica 2.
 std::vector<std::string> launch_node(int node, const std::string& port, const std::string& out,

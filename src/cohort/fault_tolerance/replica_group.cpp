@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <limits>
 #include <sstream>
 
 #include "cohort/comm/rendezvous.h"
@@ -12,6 +13,7 @@
 #include "cohort/fault_tolerance/transfer.h"
 #include "cohort/fault_tolerance/vote.h"
 #include "cohort/util/bytes.h"
+#include "cohort/util/parse.h"
 
 namespace cohort::fault_tolerance {
 
@@ -99,14 +101,15 @@ void run_watcher(WatchState& w, c10d::Store& store) {
   }
 }
 
-int env_int(const comm::EnvMap& env, const char* name, int fallback) {
-  auto it = env.find(name);
-  if (it == env.end() || it->second.empty()) return fallback;
-  try {
-    return std::stoi(it->second);
-  } catch (const std::exception&) {
-    throw ConfigError(fmt::format("{}={} is not a whole number", name, it->second));
-  }
+// COHORT_FT_INCARNATION, which cohort run sets: a whole number >= 0, strictly.
+int incarnation_from(const comm::EnvMap& env) {
+  auto it = env.find("COHORT_FT_INCARNATION");
+  if (it == env.end() || it->second.empty()) return 0;
+  const long value = util::parse_long(it->second, "COHORT_FT_INCARNATION");
+  if (value < 0 || value > std::numeric_limits<int>::max())
+    throw ConfigError(fmt::format("COHORT_FT_INCARNATION: '{}' is out of range; cohort run sets it (0, 1, ...)",
+                                  it->second));
+  return static_cast<int>(value);
 }
 
 }  // namespace
@@ -125,11 +128,12 @@ ReplicaGroup ReplicaGroup::join(ReplicaGroupOptions options) {
         "worker and the launcher must restart only the dead one (this process was started " +
         std::string(info.use_agent_store ? "by cohort run without --fault-tolerance in-process" : "by another launcher") +
         ")\n  fix: cohort run --fault-tolerance in-process --nproc-per-node N PROGRAM");
+  const int incarnation = incarnation_from(env);  // bad input is named before anything connects
   auto init = comm::InitOptions::from_env(env);
   auto store = comm::make_world_store(info, init);
   auto watch_store = comm::connect_again(info, store, init.join_timeout());
-  return ReplicaGroup(std::move(store), std::move(watch_store), info.rank, info.world_size,
-                      env_int(env, "COHORT_FT_INCARNATION", 0), std::move(options));
+  return ReplicaGroup(std::move(store), std::move(watch_store), info.rank, info.world_size, incarnation,
+                      std::move(options));
 }
 
 ReplicaGroup::ReplicaGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Store> watch_store,

@@ -1,5 +1,6 @@
 #include "cohort/util/parse.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -12,7 +13,9 @@ long parse_long(const std::string& text, const std::string& what) {
   errno = 0;
   char* end = nullptr;
   long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
+  // strtol skips leading white space; "the whole string" does not.
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || end != text.c_str() + text.size() ||
+      errno == ERANGE)
     throw ConfigError(what + ": '" + text + "' is not an integer");
   return value;
 }

@@ -6,7 +6,8 @@
 
 namespace cohort::util {
 
-// Throws ConfigError("<what>: '<text>' is not an integer") on any trailing junk.
+// Throws ConfigError("<what>: '<text>' is not an integer") on any junk before or
+// after the digits (white space included).
 long parse_long(const std::string& text, const std::string& what);
 
 // Seconds, integer or decimal ("2", "0.5"); negative values are rejected.
