@@ -221,7 +221,10 @@ TEST(InProcess, UsageErrorsExitTwoAndNameTheFlag) {
       {{"--fault-tolerance", "in-process", "--standalone"}, "--standalone yet"},
       {{"--fault-tolerance", "in-process", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400"},
        "--rdzv-backend c10d) yet"},
-      {{"--fault-tolerance", "in-process", "--nnodes", "2", "--master-port", "29400"}, "--nnodes 2 yet"},
+      // Several static nodes are taken in this mode; restarting every worker of
+      // several nodes (the default mode) is still refused, before any port is bound.
+      {{"--nnodes", "2", "--master-port", "29400", "--max-restarts", "1"},
+       "--max-restarts: restarting a job of several nodes needs the elastic rendezvous"},
   };
   for (const auto& [flags, needle] : cases) {
     std::vector<std::string> argv{kCohort, "run"};
