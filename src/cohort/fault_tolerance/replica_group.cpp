@@ -258,26 +258,7 @@ void ReplicaGroup::forget_committed_vote(const std::string& name) {
   committed_quorum_ = quorum_->id;
 }
 
-// Note [One configuration]
-// Replicas started with different settings (another --steps or --batch-size on one
-// node) would train on: the sampler would split different global batches, or one
-// replica would find training finished before its own last step and exit as if it
-// had succeeded. So the first replica to arrive writes its configuration once
-// (compareSet) and every replica, replacements included, compares its own with it
-// before it joins a quorum; a mismatch is a ConfigError on that replica, which
-// leaves the others training.
-void ReplicaGroup::check_configuration() {
-  const auto& mine = options_.configuration();
-  const auto theirs = util::from_bytes(store_->compareSet(keys::configuration(), {}, util::to_bytes(mine)));
-  if (theirs != mine)
-    throw ConfigError(fmt::format("cohort: fault tolerance: replica {} runs with configuration \"{}\", but the job's "
-                                  "replicas run with \"{}\"\n  fix: start every replica with the same settings (on "
-                                  "every node, the same program arguments)",
-                                  id_, mine, theirs));
-}
-
 void ReplicaGroup::regroup() {
-  if (!quorum_) check_configuration();  // Note [One configuration]
   const auto started = Clock::now();
   // Survivors go to the next quorum together; a replica outside the last quorum
   // (a joiner, or one that was dropped) goes to the first one not yet decided.
