@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "cohort/comm/world.h"
@@ -206,6 +208,70 @@ TEST(ThreadWorld, JoinTimeoutNamesMissingRanks) {
     EXPECT_EQ(e.missing_ranks(), (std::vector<int>{1, 2}));
     EXPECT_NE(std::string(e.what()).find("missing: ranks 1, 2"), std::string::npos) << e.what();
   }
+}
+
+// A store whose waits on the backend's address exchange answer late: the rank that
+// uses it builds its Gloo mesh last.
+class LateMeshStore : public c10d::PrefixStore {
+ public:
+  LateMeshStore(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds delay)
+      : c10d::PrefixStore("threads", std::move(store)), delay_(delay) {}
+  void wait(const std::vector<std::string>& keys) override {
+    hold(keys);
+    c10d::PrefixStore::wait(keys);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    hold(keys);
+    c10d::PrefixStore::wait(keys, timeout);
+  }
+
+ private:
+  void hold(const std::vector<std::string>& keys) const {
+    for (const auto& k : keys)
+      if (k.find("/backend/") != std::string::npos) {
+        std::this_thread::sleep_for(delay_);
+        return;
+      }
+  }
+  std::chrono::milliseconds delay_;
+};
+
+// Note [A group is made when every member is connected]: ranks that fail at once
+// after init (here all but one, refusing their model) leave the slow one its own
+// error, not Gloo's "Connection closed by peer" from the middle of its set-up; and
+// no rank's init returns before the slow one's backend is built.
+TEST(ThreadWorld, RanksThatFailRightAfterInitLeaveASlowPeerItsOwnError) {
+  constexpr int kRanks = 4, kSlow = 3;
+  constexpr auto kDelay = 300ms;
+  auto hash = c10::make_intrusive<c10d::HashStore>();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::future<double>> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.push_back(std::async(std::launch::async, [=]() -> double {
+      c10::intrusive_ptr<c10d::Store> store;
+      if (r == kSlow)
+        store = c10::make_intrusive<LateMeshStore>(hash, kDelay);
+      else
+        store = c10::make_intrusive<c10d::PrefixStore>("threads", hash);
+      auto world = World::init_with_store(store, r, kRanks, quick());
+      const double returned = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return returned;  // leaves at once, as a rank refusing its model would: its sockets close
+    }));
+  std::vector<double> returned;
+  for (int r = 0; r < kRanks; ++r) {
+    try {
+      returned.push_back(ranks[static_cast<size_t>(r)].get());
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << " did not get past init: " << e.what();
+      returned.push_back(std::numeric_limits<double>::infinity());
+    }
+  }
+  // The slow rank's Gloo set-up waits kDelay at least once, so it cannot be built
+  // before then; no rank may have gone on before it was.
+  const double slow_built_at_least = std::chrono::duration<double>(kDelay).count();
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_GE(returned[static_cast<size_t>(r)], slow_built_at_least)
+        << "rank " << r << "'s init returned before rank " << kSlow << "'s backend could be built";
 }
 
 TEST(SingleProcess, WorldOfOneNeedsNoNetwork) {

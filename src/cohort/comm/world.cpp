@@ -51,6 +51,16 @@ std::shared_ptr<GroupState> make_group(const World& world, const std::string& na
   // The backend sees group ranks; the board and join see global ones.
   g->backend = make_backend(backend, c10::make_intrusive<c10d::PrefixStore>("backend", store), group_rank,
                             static_cast<int>(g->global_ranks.size()), world.info(), options);
+  // Note [A group is made when every member is connected]
+  // Gloo's mesh set-up returns on one rank before it has on another: a rank whose
+  // pairs are all up may go on, fail at once (a model its options refuse) and close
+  // its sockets while a peer is still finishing its own half, and that peer then
+  // throws "Connection closed by peer" from its constructor instead of reaching the
+  // same clear error (seen in 3 of 300 runs on a loaded machine). So each member says
+  // in the store that its backend is built, and none goes on until all have: the same
+  // bounded join as above, which names a member that never gets there.
+  join(*store, "cohort/connected", g->global_ranks[static_cast<size_t>(group_rank)], g->global_ranks,
+       options.join_timeout());
   // A rank is called silent after 3 missed beats, so the beat must be well under
   // the collective timeout for a timeout's diagnosis to be right.
   auto beat = std::max(std::min(options.heartbeat_interval(), options.timeout() / 4), std::chrono::milliseconds(100));
