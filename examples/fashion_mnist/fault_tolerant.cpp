@@ -78,7 +78,13 @@ bool forward_backward(cohort::ddp::DistributedDataParallel<FashionNet>& ddp, tor
 
 int train_fault_tolerant(const TrainerOptions& o) {
   const auto started = Clock::now();
-  auto replicas = ft::ReplicaGroup::join();
+  // Note [One configuration]: what every replica must have been started with alike.
+  auto replicas = ft::ReplicaGroup::join(
+      ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment())
+          .configuration(fmt::format("batch-size {} epochs {} limit-train-batches {} max-steps {} optimizer {} lr {} "
+                                     "schedule {} seed {} amp {} memory-format {} activation-checkpointing {}",
+                                     o.batch_size, o.epochs, o.limit_train_batches, o.max_steps, o.optimizer, o.lr,
+                                     o.schedule, o.seed, o.amp, o.memory_format, o.activation_checkpointing)));
   const int id = replicas.replica_id();
   cohort::data::FashionMnist train_set(o.data_dir, cohort::data::FashionMnist::Split::kTrain);
   cohort::data::FashionMnist test_set(o.data_dir, cohort::data::FashionMnist::Split::kTest);

@@ -6,8 +6,10 @@
 #include <torch/torch.h>
 
 #include <future>
+#include <string>
 #include <thread>
 
+#include "cohort/errors.h"
 #include "cohort/fault_tolerance/replica_group.h"
 
 namespace ft = cohort::fault_tolerance;
@@ -88,6 +90,51 @@ TEST(ReplicaGroup, CommittedVotesAreForgottenSoTheStoreDoesNotGrowWithTheSteps) 
   for (const auto& [after_5, after_35] : {ka, kb}) {
     EXPECT_GT(after_5, 0);
     EXPECT_LE(after_35, after_5 + 3) << "after 5 steps: " << after_5 << " keys, after 35: " << after_35;
+  }
+}
+
+// Note [One configuration]: replica 0's configuration is the job's, whichever
+// replica arrives first. Replica 2, started with other settings, is refused naming
+// both, and replicas 0 and 1 form quorums and commit without it.
+std::string run_configured(const c10::intrusive_ptr<c10d::Store>& store, int id, const std::string& configuration) {
+  auto options = ft::ReplicaGroupOptions().quorum_timeout(5s).start_timeout(3s).configuration(configuration);
+  ft::ReplicaGroup replicas(store, store, id, 3, 0, options);
+  try {
+    for (int step = 0; step < 3; ++step) {
+      replicas.begin_step();
+      EXPECT_TRUE(replicas.end_step(true)) << "replica " << id << ", step " << step;
+    }
+  } catch (const cohort::ConfigError& e) {
+    return e.what();
+  }
+  return "trained";
+}
+
+TEST(ReplicaGroup, ReplicaZerosConfigurationIsTheJobsWhicheverArrivesFirst) {
+  for (const bool odd_first : {true, false}) {
+    SCOPED_TRACE(odd_first ? "replica 2 first" : "replica 2 last");
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    auto start = [&](int id, std::string configuration) {
+      return std::async(std::launch::async, [store, id, configuration] { return run_configured(store, id, configuration); });
+    };
+    std::future<std::string> odd;
+    if (odd_first) {
+      odd = start(2, "steps 30");
+      std::this_thread::sleep_for(500ms);
+    }
+    auto r0 = start(0, "steps 24");
+    auto r1 = start(1, "steps 24");
+    if (!odd_first) {
+      std::this_thread::sleep_for(500ms);
+      odd = start(2, "steps 30");
+    }
+    const auto refused = odd.get();
+    EXPECT_NE(refused.find("replica 2 runs with configuration \"steps 30\", but replica 0, whose settings are the "
+                           "job's, runs with \"steps 24\""),
+              std::string::npos)
+        << refused;
+    EXPECT_EQ(r0.get(), "trained");
+    EXPECT_EQ(r1.get(), "trained");
   }
 }
 

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <regex>
@@ -246,6 +247,37 @@ TEST_F(FaultTolerance, AWorkerOfTheSecondNodeIsReplacedByItsOwnAgent) {
   expect_reference_weights(dir.path, r0);
   expect_survivor_committed_all(r0, 0);
   expect_survivor_committed_all(r0, 1);
+}
+
+// Note [One configuration]: node 1's replica, started with another --steps, is
+// refused with both settings named (each of its incarnations), and node 0's two
+// replicas train on and end at the reference weights.
+TEST_F(FaultTolerance, AReplicaStartedWithOtherSettingsIsRefusedAndTheOthersTrainOn) {
+  cohort::testing::TempDir dir("cohort-ft");
+  const auto port = std::to_string(cohort::testing::free_port());
+  auto without_hold = [](std::vector<std::string> argv) {
+    argv.erase(std::find(argv.begin(), argv.end(), "--hold-last-step"));
+    return argv;
+  };
+  // Node 1 starts first, so that its replica is often the first to reach the store:
+  // replica 0's settings are the job's whatever the order.
+  auto node1_argv = without_hold(launch_node(1, port, dir.path, {}));
+  *std::next(std::find(node1_argv.begin(), node1_argv.end(), "--steps")) = "30";
+  cohort::testing::Subprocess node1(node1_argv, ft_env());
+  std::this_thread::sleep_for(300ms);
+  cohort::testing::Subprocess node0(without_hold(launch_node(0, port, dir.path, {})), ft_env());
+  auto r1 = node1.finish(180s);
+  auto r0 = node0.finish(180s);
+  EXPECT_EQ(r1.exit_code, 1) << describe(r1);
+  EXPECT_NE(r1.err.find("replica 2 runs with configuration \"steps 30\", but replica 0, whose settings are the job's, "
+                     "runs with \"steps 24\""),
+            std::string::npos)
+      << describe(r1);
+  ASSERT_EQ(r0.exit_code, 0) << describe(r0);
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/final_2.pt"));
+  for (int id = 0; id < 2; ++id)
+    EXPECT_LT(max_diff(load(dir.path + "/final_" + std::to_string(id) + ".pt"), reference_), 2e-5) << describe(r0);
+  expect_survivor_committed_all(r0, 0);
 }
 
 // Node 1 vanishes, agent and worker together (kill -9 of its launcher while its

@@ -37,6 +37,11 @@ struct ReplicaGroupOptions {
   // and for tests that fail a replica at a chosen point: "arrived q<t>", "formed
   // q<t>", "sending q<t>", "receiving q<t>", "joined q<t>".
   TORCH_ARG(std::function<void(const std::string&)>, on_event) = nullptr;
+  // What every replica must agree on: the settings that shape the run (a replica's
+  // share of the batch, the steps, the seed, the optimizer ...), as text. A replica
+  // whose text differs from replica 0's (the job's) throws a ConfigError naming both
+  // at its first begin_step(), before it joins a quorum (Note [One configuration]).
+  TORCH_ARG(std::string, configuration) = "";
 
  public:
   // Defaults overridden by COHORT_FT_MIN_REPLICAS (set by `cohort run

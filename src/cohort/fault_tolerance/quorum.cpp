@@ -20,6 +20,7 @@ std::string arrived(std::int64_t id, int replica) { return quorum(id) + "/arrive
 std::string dead(int replica) { return "cohort/ft/dead/" + std::to_string(replica); }
 std::string latest() { return "cohort/ft/latest"; }
 std::string finished() { return "cohort/ft/finished"; }
+std::string configuration() { return "cohort/ft/configuration"; }
 std::string join_requests() { return "cohort/ft/join_requests"; }
 std::string events() { return "cohort/ft/events"; }
 std::string event(std::int64_t n) { return "cohort/ft/event/" + std::to_string(n); }

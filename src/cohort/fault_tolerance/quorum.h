@@ -71,6 +71,7 @@ std::string arrived(std::int64_t id, int replica);
 std::string dead(int replica);
 std::string latest();
 std::string finished();
+std::string configuration();
 std::string join_requests();
 std::string events();
 std::string event(std::int64_t n);

@@ -258,7 +258,43 @@ void ReplicaGroup::forget_committed_vote(const std::string& name) {
   committed_quorum_ = quorum_->id;
 }
 
+// Note [One configuration]
+// Replicas started with different settings (another --steps or --batch-size on one
+// node) would train on: the sampler would split different global batches, or one
+// replica would find training finished before its own last step and exit as if it
+// had succeeded. So replica 0's configuration is the job's: it writes it (set) before
+// its first quorum, and every other replica, replacements included, waits for it
+// (bounded by start_timeout, as the first quorum is) and compares its own before it
+// joins a quorum. A mismatch is a ConfigError on that replica, which leaves the
+// others training. Not "the first to arrive": that refused the right replicas
+// whenever the odd one happened to start first (seen in CI). Replica 0 runs on
+// node 0, which holds the store, so the job cannot outlive it unwritten.
+void ReplicaGroup::check_configuration() {
+  const auto& mine = options_.configuration();
+  const auto key = keys::configuration();
+  if (id_ == 0) {
+    store_->set(key, util::to_bytes(mine));
+    return;
+  }
+  try {
+    store_->wait({key}, options_.start_timeout());
+  } catch (const std::exception& e) {
+    throw TimeoutError(fmt::format("cohort: fault tolerance: replica {} waited {:.0f} s for replica 0 to publish the "
+                                   "job's configuration: {}\n  fix: check that replica 0 (node 0's first worker) "
+                                   "started, or raise ReplicaGroupOptions::start_timeout",
+                                   id_, std::chrono::duration<double>(options_.start_timeout()).count(), e.what()),
+                       "configuration", {0});
+  }
+  const auto theirs = util::from_bytes(store_->get(key));
+  if (theirs != mine)
+    throw ConfigError(fmt::format("cohort: fault tolerance: replica {} runs with configuration \"{}\", but replica 0, "
+                                  "whose settings are the job's, runs with \"{}\"\n  fix: start every replica with "
+                                  "the same settings (on every node, the same program arguments)",
+                                  id_, mine, theirs));
+}
+
 void ReplicaGroup::regroup() {
+  if (!quorum_) check_configuration();  // Note [One configuration]
   const auto started = Clock::now();
   // Survivors go to the next quorum together; a replica outside the last quorum
   // (a joiner, or one that was dropped) goes to the first one not yet decided.

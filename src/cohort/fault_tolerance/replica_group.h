@@ -123,6 +123,7 @@ class ReplicaGroup {
   Outcome try_quorum(std::int64_t target);
   std::string step_vote() const;
   void forget_committed_vote(const std::string& name);
+  void check_configuration();
   void set_watched(std::vector<std::string> votes, const std::vector<Member>& members);
 
   c10::intrusive_ptr<c10d::Store> store_;

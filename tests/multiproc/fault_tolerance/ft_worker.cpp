@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   ft::StepSampler sampler(ft::StepSamplerOptions(512, 32).seed(7));
 
-  auto options = ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment());
+  auto options = ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment())
+                     .configuration("steps " + std::to_string(steps));
   int my_id = -1, my_incarnation = 0;
   options.on_event([&](const std::string& event) {
     std::printf("replica %d: %s\n", my_id, event.c_str());
