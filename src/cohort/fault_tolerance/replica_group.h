@@ -147,7 +147,6 @@ class ReplicaGroup {
   std::deque<Abandoned> abandoned_;  // Note [Abandoned groups]
   std::int64_t join_requests_seen_ = 0;
   bool need_regroup_ = true;
-  bool healthy_ = false;  // the current group has not failed
   std::function<void(std::ostream&)> save_;
   std::function<void(std::istream&)> load_;
   ReplicaGroupStats stats_;
