@@ -6,6 +6,31 @@
 # Tests labelled `multiproc` start real processes through `cohort run`; CI fails
 # when none of them ran (see .ci/run).
 include(GoogleTest)
+set(COHORT_LIST_SUITES_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/CohortListSuites.cmake)
+
+# Note [A unit test per suite]: the unit tier registers one CTest test per GoogleTest
+# suite (`ctest -R Suite`, run as --gtest_filter=Suite.*), not one per case. Each
+# process loads LibTorch first, about 0.6 s on CI's machine (several seconds under
+# ASan), which was most of the tier: 664 cases took 240 s, the same cases as 131
+# suites take a third of it. The cases of a suite share a fixture and run in one
+# process as they do under a plain `./ddp_tests`; the multiproc tier keeps a test
+# per case, each of which starts processes of its own and has its own PROCESSORS.
+# The list is made after each build (POST_BUILD, as gtest_discover_tests does); a
+# program that was not built is one failing test, so the tier never passes empty.
+function(cohort_discover_suites target labels)
+  set(listed ${CMAKE_CURRENT_BINARY_DIR}/${target}_suites.cmake)
+  set(include_file ${CMAKE_CURRENT_BINARY_DIR}/${target}_suites_include.cmake)
+  add_custom_command(TARGET ${target} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -D EXE=$<TARGET_FILE:${target}> -D OUT=${listed}
+      -D "LABELS=${labels}" -D TIMEOUT=600 -P ${COHORT_LIST_SUITES_SCRIPT}
+    BYPRODUCTS ${listed} VERBATIM)
+  file(WRITE ${include_file}
+    "if(EXISTS \"${listed}\")\n  include(\"${listed}\")\nelse()\n"
+    "  add_test(${target}_NOT_BUILT ${target}_NOT_BUILT)\n"
+    "  set_tests_properties(${target}_NOT_BUILT PROPERTIES LABELS \"${labels}\")\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${include_file})
+endfunction()
+
 function(cohort_add_test)
   cmake_parse_arguments(T "" "NAME;PROCESSORS" "SOURCES;LABELS;LIBS" ${ARGN})
   if(NOT T_PROCESSORS)
@@ -16,9 +41,13 @@ function(cohort_add_test)
   if(COHORT_USE_PCH)
     target_precompile_headers(${T_NAME} REUSE_FROM cohort_test_pch)
   endif()
-  gtest_discover_tests(${T_NAME}
-    PROPERTIES LABELS "${T_LABELS}" TIMEOUT 300 PROCESSORS ${T_PROCESSORS}
-    DISCOVERY_TIMEOUT 60)
+  if(T_LABELS STREQUAL "unit")
+    cohort_discover_suites(${T_NAME} unit)
+  else()
+    gtest_discover_tests(${T_NAME}
+      PROPERTIES LABELS "${T_LABELS}" TIMEOUT 300 PROCESSORS ${T_PROCESSORS}
+      DISCOVERY_TIMEOUT 60)
+  endif()
 endfunction()
 
 # A multiprocess test with its own worker program, which the test starts through
