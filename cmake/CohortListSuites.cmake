@@ -11,11 +11,29 @@ if(NOT status EQUAL 0)
 endif()
 # A suite's line starts in the first column and ends its name with a dot; the cases
 # below it are indented, and gtest_main's banner has no dot after its first word.
-string(REGEX MATCHALL "(^|\n)[A-Za-z_][A-Za-z0-9_/]*\\." suites "${listing}")
+# GoogleTest runs no DISABLED_ suite or case unless asked, so a suite is registered
+# only if at least one of its cases would run: a test of nothing alone passes.
+string(REPLACE ";" "\\;" listing "${listing}")
+string(REPLACE "\n" ";" lines "${listing}")
+set(suites "")
+set(suite "")
+foreach(line IN LISTS lines)
+  if(line MATCHES "^([A-Za-z_][A-Za-z0-9_/]*)\\.")
+    set(suite "${CMAKE_MATCH_1}")
+    if(suite MATCHES "(^|/)DISABLED_")
+      set(suite "")
+    endif()
+  elseif(NOT suite STREQUAL "" AND line MATCHES "^  +([A-Za-z0-9_/]+)")
+    set(case "${CMAKE_MATCH_1}")
+    if(NOT case MATCHES "^DISABLED_")
+      list(APPEND suites "${suite}")
+      set(suite "")
+    endif()
+  endif()
+endforeach()
 set(text "")
 set(count 0)
 foreach(suite IN LISTS suites)
-  string(REGEX REPLACE "^\n?(.*)\\.$" "\\1" suite "${suite}")
   string(APPEND text
     "add_test([==[${suite}]==] \"${EXE}\" [==[--gtest_filter=${suite}.*]==])\n"
     "set_tests_properties([==[${suite}]==] PROPERTIES LABELS \"${LABELS}\" TIMEOUT ${TIMEOUT})\n")

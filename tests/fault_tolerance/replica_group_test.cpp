@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cohort/errors.h"
+#include "cohort/fault_tolerance/quorum.h"
 #include "cohort/fault_tolerance/replica_group.h"
 
 namespace ft = cohort::fault_tolerance;
@@ -135,6 +136,15 @@ TEST(ReplicaGroup, ReplicaZerosConfigurationIsTheJobsWhicheverArrivesFirst) {
         << refused;
     EXPECT_EQ(r0.get(), "trained");
     EXPECT_EQ(r1.get(), "trained");
+    // A replacement replica 0 started with other settings does not rewrite the
+    // job's configuration: it is refused, naming both.
+    const auto replaced = run_configured(store, 0, "steps 30");
+    EXPECT_NE(replaced.find("replica 0 runs with configuration \"steps 30\", but the job was started with "
+                            "\"steps 24\""),
+              std::string::npos)
+        << replaced;
+    const auto kept = store->get(ft::keys::configuration());
+    EXPECT_EQ(std::string(kept.begin(), kept.end()), "steps 24");
   }
 }
 

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <future>
+#include <thread>
 
 #include "cohort/elastic/dynamic_rendezvous.h"
 #include "cohort/launcher/round_end.h"

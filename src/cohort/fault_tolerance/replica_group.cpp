@@ -268,11 +268,23 @@ void ReplicaGroup::forget_committed_vote(const std::string& name) {
 // joins a quorum. A mismatch is a ConfigError on that replica, which leaves the
 // others training. Not "the first to arrive": that refused the right replicas
 // whenever the odd one happened to start first (seen in CI). Replica 0 runs on
-// node 0, which holds the store, so the job cannot outlive it unwritten.
+// node 0, which holds the store, so the job cannot outlive it unwritten. Replica 0
+// writes it only if it is not there yet (compareSet): a replica 0 that is a
+// replacement, started with other settings, is refused like any other, rather than
+// changing the job's configuration under the replicas that train on. It then sets
+// the same text again: c10d's TCPStore wakes no waiter on a compareSet (Note
+// [Waking the waiters]), and the other replicas wait on this key.
 void ReplicaGroup::check_configuration() {
   const auto& mine = options_.configuration();
   const auto key = keys::configuration();
   if (id_ == 0) {
+    const auto theirs = util::from_bytes(store_->compareSet(key, {}, util::to_bytes(mine)));
+    if (theirs != mine)
+      throw ConfigError(fmt::format("cohort: fault tolerance: replica 0 runs with configuration \"{}\", but the job "
+                                    "was started with \"{}\" (replica 0's first start), which the other replicas "
+                                    "train with\n  fix: restart replica 0 with the job's settings (on node 0, the "
+                                    "same program arguments as the other nodes)",
+                                    mine, theirs));
     store_->set(key, util::to_bytes(mine));
     return;
   }

@@ -155,7 +155,9 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
   }
   const auto timeout = util::timeout_from_seconds(options.join_timeout, "--join-timeout");
 
-  StaticRendezvous rendezvous(options, timeout, resolve_certificates(env));
+  // Note [Telling a stock worker from a port scan]
+  const auto watch = std::make_shared<StockWorkerWatch>(::getpid());
+  StaticRendezvous rendezvous(options, timeout, resolve_certificates(env), watch);
   const Assignment assignment = rendezvous.assign(nproc);
 
   install_signal_handlers();
@@ -187,10 +189,11 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     if (in_process)
       running.on_worker_failure(
           [&](const WorkerOutcome& dead, int incarnation) { return in_process->on_death(dead, incarnation); });
+    running.on_tick([&] { return watch->sighting().has_value(); });
     auto result = running.monitor();
     running.print_report();
     const auto ran_for = std::chrono::steady_clock::now() - started;
-    if (result.success) {
+    if (result.success && !result.interrupted) {
       exit_code = 0;
       break;
     }
@@ -198,6 +201,10 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
       fmt::print(stderr, "cohort run: stopped by signal {}; every worker has exited\n",
                  sigabbrev_np(result.received_signal) ? sigabbrev_np(result.received_signal) : "?");
       return 128 + result.received_signal;  // nothing to wait for: the user wants out
+    }
+    if (const auto seen = watch->sighting()) {
+      fmt::print(stderr, "cohort run: error: {}\n", *seen);
+      return 2;  // as for any input the job cannot run with: no restart mends it
     }
     FailureContext fc{util::host_name(), run_id, attempt, options.max_restarts};
     fmt::print(stderr, "{}", failure_summary(result.in_exit_order, fc));

@@ -129,14 +129,15 @@ c10::intrusive_ptr<store::StoreClient> connect(const std::string& host, int port
 // listener holds it: the caller's handshake tells whether it is this job's store.
 std::unique_ptr<store::StoreServer> host_store(const std::string& bind, int port, const std::string& token,
                                                const store::Certificates& certificates,
-                                               const std::function<void()>& check, std::string& error) {
+                                               const std::function<void()>& check, std::string& error,
+                                               const std::shared_ptr<StockWorkerWatch>& watch) {
   const auto deadline = std::chrono::steady_clock::now() + kProbeTimeout;
   std::mt19937 pick(std::random_device{}());
   std::uniform_int_distribution<int> pause_ms(20, 120);
   while (true) {
     try {
       return std::make_unique<store::StoreServer>(store::StoreServerOptions(token).bind_address(bind).port(port)
-                                                      .on_refused(refusals_to_stderr()).certificates(certificates));
+                                                      .on_refused(refusals_to_stderr(watch)).certificates(certificates));
     } catch (const UsageError&) {
       throw;
     } catch (const ConfigError& e) {
@@ -209,7 +210,7 @@ store::Certificates resolve_certificates(const comm::EnvMap& env) {
 
 AgentStore open_agent_store(const RunOptions& options, const std::string& token,
                             const store::Certificates& certificates, std::chrono::milliseconds timeout,
-                            const std::function<void()>& check) {
+                            const std::function<void()>& check, std::shared_ptr<StockWorkerWatch> watch) {
   const auto endpoint = parse_endpoint(options.rdzv_endpoint, "--rdzv-endpoint");
   AgentStore s;
   s.host = endpoint.host;
@@ -219,7 +220,7 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
     const auto bind = options.standalone ? std::string("127.0.0.1") : bind_address_for(endpoint.host);
     connect_to = s.host = bind;
     std::string host_error;
-    if (!(s.server = host_store(bind, endpoint.port, token, certificates, check, host_error))) {
+    if (!(s.server = host_store(bind, endpoint.port, token, certificates, check, host_error, watch))) {
       // Taken: by another agent of this job on this host, we hope; the handshake tells.
       try {
         s.client = c10::make_intrusive<store::StoreClient>(s.host, s.port, token,

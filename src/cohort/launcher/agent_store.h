@@ -20,6 +20,7 @@
 #include "cohort/comm/environment.h"
 #include "cohort/compat/c10d.h"
 #include "cohort/launcher/run_options.h"
+#include "cohort/launcher/stock_worker_watch.h"
 #include "cohort/store/store_client.h"
 #include "cohort/store/store_server.h"
 
@@ -53,6 +54,6 @@ struct AgentStore {
 // TimeoutError when no store answers in time.
 AgentStore open_agent_store(const RunOptions& options, const std::string& token,
                             const store::Certificates& certificates, std::chrono::milliseconds timeout,
-                            const std::function<void()>& check);
+                            const std::function<void()>& check, std::shared_ptr<StockWorkerWatch> watch = nullptr);
 
 }  // namespace cohort::launcher

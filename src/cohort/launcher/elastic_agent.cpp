@@ -14,6 +14,8 @@
 #include "cohort/launcher/keep_alive.h"
 #include "cohort/launcher/restart_pacing.h"
 #include "cohort/launcher/round_end.h"
+#include "cohort/launcher/stock_worker_watch.h"
+#include "cohort/util/bytes.h"
 #include "cohort/launcher/signal_pipe.h"
 #include "cohort/launcher/worker_store.h"
 #include "cohort/launcher/worker_group.h"
@@ -98,6 +100,16 @@ std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
   return max_restarts;
 }
 
+// Closes the job on every node with `cause` as what each prints: input the job
+// cannot run with, which no restart mends.
+void close_without_restart(DynamicRendezvous& rdzv, const std::string& cause) {
+  rdzv.store().set(rdzv.key("root_cause"), util::to_bytes(cause));
+  rdzv.update([](elastic::RendezvousState& s) {
+    s.closed = true;
+    return true;
+  });
+}
+
 }  // namespace
 
 int run_elastic_agent(const AgentSetup& setup) {
@@ -106,10 +118,15 @@ int run_elastic_agent(const AgentSetup& setup) {
   const auto certificates = resolve_certificates(setup.env);
   const auto settings = elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes));
   AgentStore store;
+  // Note [Telling a stock worker from a port scan]
+  const auto watch = std::make_shared<StockWorkerWatch>(::getpid());
   try {
-    store = open_agent_store(o, token, certificates, settings.join_timeout(), [&] {
-      if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
-    });
+    store = open_agent_store(
+        o, token, certificates, settings.join_timeout(),
+        [&] {
+          if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
+        },
+        watch);
   } catch (const SignalReceived& s) {
     fmt::print(stderr, "cohort run: stopped by signal {} while reaching the store\n", sigabbrev_np(s.sig));
     return 128 + s.sig;
@@ -199,12 +216,17 @@ int run_elastic_agent(const AgentSetup& setup) {
                         setup.signal_fd);
       group.on_tick([&] {
         keep_alive.rethrow();
-        return round_changed(rdzv.read(), r, rdzv.node());
+        return watch->sighting() || round_changed(rdzv.read(), r, rdzv.node());
       });
       const auto result = group.monitor();
       group.print_report();
       const auto ran_for = Clock::now() - started;
       if (result.received_signal) throw SignalReceived{result.received_signal};
+      if (const auto seen = watch->sighting()) {
+        close_without_restart(rdzv, "cohort run: error: " + *seen + "\n");
+        report_closed(rdzv, hosting, check);
+        return 2;
+      }
       // Workers stopped for a change may exit 0 (a trainer that saves on SIGTERM):
       // that is an interruption, not the end of the job.
       if (result.success && !result.interrupted) return finish(rdzv, r, hosting, check);

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -49,20 +50,25 @@ std::string endpoint_text(const std::string& hex, bool v6) {
   return v6 ? fmt::format("[{}]:{}", text, port) : fmt::format("{}:{}", text, port);
 }
 
-void list_from(const char* table, bool v6, int port, std::string& out) {
+void read_table(const char* table, bool v6, std::vector<TcpSocket>& out) {
   std::ifstream in(table);
   std::string line;
   std::getline(in, line);  // the header
   while (std::getline(in, line)) {
     std::istringstream fields(line);
-    std::string slot, local, remote, state;
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout;
+    std::uint64_t inode = 0;
     if (!(fields >> slot >> local >> remote >> state)) continue;
-    const auto colon = local.find(':');
-    if (colon == std::string::npos || std::stoul(local.substr(colon + 1), nullptr, 16) != static_cast<unsigned>(port))
-      continue;
-    out += fmt::format("    {} -> {}, {}\n", endpoint_text(local, v6), endpoint_text(remote, v6),
-                       state_name(static_cast<unsigned>(std::stoul(state, nullptr, 16))));
+    TcpSocket socket{endpoint_text(local, v6), endpoint_text(remote, v6),
+                     static_cast<unsigned>(std::stoul(state, nullptr, 16)), 0};
+    if (fields >> queues >> timer >> retransmits >> uid >> timeout >> inode) socket.inode = inode;
+    out.push_back(std::move(socket));
   }
+}
+
+int port_of(const std::string& endpoint) {
+  const auto colon = endpoint.rfind(':');
+  return colon == std::string::npos ? -1 : std::atoi(endpoint.c_str() + colon + 1);
 }
 
 }  // namespace
@@ -84,10 +90,17 @@ bool listener_at(const std::string& host, int port) {
   return !refused;
 }
 
+std::vector<TcpSocket> tcp_sockets() {
+  std::vector<TcpSocket> out;
+  read_table("/proc/net/tcp", false, out);
+  read_table("/proc/net/tcp6", true, out);
+  return out;
+}
+
 std::string port_holders(int port) {
   std::string out;
-  list_from("/proc/net/tcp", false, port, out);
-  list_from("/proc/net/tcp6", true, port, out);
+  for (const auto& s : tcp_sockets())
+    if (port_of(s.local) == port) out += fmt::format("    {} -> {}, {}\n", s.local, s.remote, state_name(s.state));
   if (out.empty())
     return fmt::format("    no socket of /proc/net/tcp uses port {}: one is bound without listening (a program "
                        "between bind and listen; the kernel lists no such socket)\n",

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -46,8 +47,12 @@ class RefusalReport {
 // A store's on_refused callback that reports to the launcher's stderr through a
 // RefusalReport it owns (so the report outlives the store's thread and prints its
 // last summary when the store closes). A peer that does not speak TLS (a stock c10d
-// TCPStore client, or a port scan) also gets, once, kNotTlsHint.
-std::function<void(const std::string&)> refusals_to_stderr();
-extern const char* const kNotTlsHint;
+// TCPStore client, or a port scan) also gets, once, kNotTlsHint. `watch`, where
+// given, sees every refusal (Note [Telling a stock worker from a port scan]).
+class StockWorkerWatch;
+std::function<void(const std::string&)> refusals_to_stderr(std::shared_ptr<StockWorkerWatch> watch = nullptr);
+extern const std::string kNotTlsHint;
+// The ways to fix a worker that speaks c10d's plain TCPStore protocol, best first.
+extern const char* const kStockWorkerFix;
 
 }  // namespace cohort::launcher

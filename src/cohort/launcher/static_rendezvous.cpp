@@ -73,10 +73,11 @@ void check_port_free(int port) {
 }
 
 StaticRendezvous::StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout,
-                                   store::Certificates certificates)
+                                   store::Certificates certificates, std::shared_ptr<StockWorkerWatch> watch)
     : options_(options),
       timeout_(timeout),
       certificates_(std::move(certificates)),
+      watch_(std::move(watch)),
       address_(options.master_addr),
       port_(options.master_port) {
   if (options.max_nodes == 1 && worker_store_of(options) == elastic::WorkerStore::kCohort) {
@@ -111,7 +112,7 @@ void StaticRendezvous::host_authenticated_store() {
   token_ = fresh_token();
   try {
     server_ = std::make_unique<store::StoreServer>(
-        store::StoreServerOptions(token_).bind_address(address_).port(port_).on_refused(refusals_to_stderr())
+        store::StoreServerOptions(token_).bind_address(address_).port(port_).on_refused(refusals_to_stderr(watch_))
             .certificates(certificates_));
   } catch (const ConfigError& e) {
     throw UsageError(fmt::format("--master-port {}: could not host the workers' store: {}\n  pick another port, or "

@@ -13,6 +13,7 @@
 #include "cohort/comm/environment.h"
 #include "cohort/compat/c10d.h"
 #include "cohort/launcher/run_options.h"
+#include "cohort/launcher/stock_worker_watch.h"
 #include "cohort/store/store_server.h"
 
 namespace cohort::launcher {
@@ -35,8 +36,10 @@ class StaticRendezvous {
   // Hosts the store (node 0) or connects to it (others). Throws UsageError for a
   // busy port, TimeoutError when node 0 cannot be reached within `timeout`. A
   // single-node job's store (cohort's) uses `certificates` where they are given.
+  // `watch` sees the hosted store's refusals (Note [Telling a stock worker from a
+  // port scan]).
   StaticRendezvous(const RunOptions& options, std::chrono::milliseconds timeout,
-                   store::Certificates certificates = {});
+                   store::Certificates certificates = {}, std::shared_ptr<StockWorkerWatch> watch = nullptr);
 
   // Exchanges worker counts with the other agents, bounded by the timeout; the error
   // names the node ranks that never arrived.
@@ -67,6 +70,7 @@ class StaticRendezvous {
   RunOptions options_;
   std::chrono::milliseconds timeout_;
   store::Certificates certificates_;
+  std::shared_ptr<StockWorkerWatch> watch_;
   std::string address_;
   int port_ = 0;
   c10::intrusive_ptr<c10d::Store> store_;
