@@ -78,6 +78,34 @@ TEST(Vote, OverC10dsTcpStoreTheDecisionWakesTheWaiters) {
   EXPECT_EQ(aborted.get().decision, ft::Decision::kAbort);
 }
 
+// A member that never votes (stopped, or gone with its node unannounced): the
+// waiter's wait runs out. Over c10d's TCPStore that wait must not leave the
+// connection out of step: the same connection then answers later requests with
+// their own replies, also after the key it had waited on is written (found by
+// review: a survivor read a garbled reply and died "losing the store").
+TEST(Vote, OverC10dsTcpStoreAVoteThatTimesOutLeavesTheConnectionInStep) {
+  auto server = cohort::compat::make_tcp_store("127.0.0.1", 0, true, 30s);
+  auto client = [&] { return cohort::compat::make_tcp_store("127.0.0.1", server->getPort(), false, 30s); };
+  auto a = client(), b = client();
+  const auto timed_out = ft::vote(*a, "v", 2, true, 300ms);
+  EXPECT_EQ(timed_out.decision, ft::Decision::kAbort);
+  EXPECT_TRUE(timed_out.timed_out);
+  // The silent member comes back and votes; then the waiter's connection is used on.
+  EXPECT_EQ(ft::vote(*b, "v", 2, true, 1s).decision, ft::Decision::kAbort);
+  b->set("other", std::vector<std::uint8_t>{'x', 'y', 'z'});
+  for (int i = 0; i < 3; ++i) {
+    const auto value = a->get("other");
+    EXPECT_EQ(std::string(value.begin(), value.end()), "xyz") << "request " << i;
+    EXPECT_EQ(a->add("counter", 1), i + 1) << "request " << i;
+  }
+  // And a second vote over it commits.
+  auto waiter = std::async(std::launch::async, [&] { return ft::vote(*a, "w", 2, true, 10s); });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(ft::vote(*b, "w", 2, true, 10s).decision, ft::Decision::kCommit);
+  ASSERT_EQ(waiter.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(waiter.get().decision, ft::Decision::kCommit);
+}
+
 TEST(Vote, TheLastVoterAsksWhetherToRegroup) {
   auto s = store();
   auto first = std::async(std::launch::async, [&] { return ft::vote(*s, "v", 2, true, 5s, [] { return true; }); });

@@ -10,6 +10,7 @@
 
 #include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
+#include "cohort/fault_tolerance/store_wait.h"
 #include "cohort/fault_tolerance/transfer.h"
 #include "cohort/fault_tolerance/vote.h"
 #include "cohort/util/bytes.h"
@@ -72,11 +73,10 @@ void run_watcher(WatchState& w, c10d::Store& store) {
   while (!w.stop.load()) {
     const auto key = keys::event(next);
     try {
-      store.wait({key}, std::chrono::milliseconds(250));
-    } catch (const CommError&) {
-      return;
+      // Note [A wait that runs out over c10d's TCPStore]
+      if (!wait_for_key(store, key, std::chrono::milliseconds(250), std::chrono::milliseconds(10))) continue;
     } catch (const std::exception&) {
-      continue;  // no event yet
+      return;  // no store: the collectives' own failures still abort steps
     }
     std::string text;
     try {
@@ -288,15 +288,19 @@ void ReplicaGroup::check_configuration() {
     store_->set(key, util::to_bytes(mine));
     return;
   }
+  std::string failure = "it did not";
   try {
-    store_->wait({key}, options_.start_timeout());
+    // Note [A wait that runs out over c10d's TCPStore]
+    if (wait_for_key(*store_, key, options_.start_timeout(), std::chrono::milliseconds(50))) failure.clear();
   } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (!failure.empty())
     throw TimeoutError(fmt::format("cohort: fault tolerance: replica {} waited {:.0f} s for replica 0 to publish the "
                                    "job's configuration: {}\n  fix: check that replica 0 (node 0's first worker) "
                                    "started, or raise ReplicaGroupOptions::start_timeout",
-                                   id_, std::chrono::duration<double>(options_.start_timeout()).count(), e.what()),
+                                   id_, std::chrono::duration<double>(options_.start_timeout()).count(), failure),
                        "configuration", {0});
-  }
   const auto theirs = util::from_bytes(store_->get(key));
   if (theirs != mine)
     throw ConfigError(fmt::format("cohort: fault tolerance: replica {} runs with configuration \"{}\", but replica 0, "

@@ -2,6 +2,7 @@
 
 #include <functional>
 
+#include "cohort/fault_tolerance/store_wait.h"
 #include "cohort/util/bytes.h"
 
 namespace cohort::fault_tolerance {
@@ -50,9 +51,8 @@ VoteResult vote(c10d::Store& store, const std::string& vote, int members, bool o
   const auto count = store.add(vote + "/votes", 1);
   if (count == members) return {decide(store, vote, regroup && regroup() ? kCommitAndRegroup : kCommit), false};
   const auto key = decision_key(vote);
-  try {
-    store.wait({decided_key(vote)}, timeout);  // Note [Waking the waiters]
-  } catch (const std::exception&) {
+  // Note [Waking the waiters]; Note [A wait that runs out over c10d's TCPStore]
+  if (!wait_for_key(store, decided_key(vote), timeout)) {
     // A member never voted: it is stopped, or died unseen. Note [One decision per vote]
     const auto decided = abort_vote(store, vote);
     return {decided, decided == Decision::kAbort};
