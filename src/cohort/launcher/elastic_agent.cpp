@@ -14,9 +14,8 @@
 #include "cohort/launcher/keep_alive.h"
 #include "cohort/launcher/restart_pacing.h"
 #include "cohort/launcher/round_end.h"
-#include "cohort/launcher/stock_worker_watch.h"
-#include "cohort/util/bytes.h"
 #include "cohort/launcher/signal_pipe.h"
+#include "cohort/launcher/stock_worker_watch.h"
 #include "cohort/launcher/worker_store.h"
 #include "cohort/launcher/worker_group.h"
 #include "cohort/util/bytes.h"
@@ -98,16 +97,6 @@ std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
                        "agent's --max-restarts {} is ignored\n",
                max_restarts, o.max_restarts);
   return max_restarts;
-}
-
-// Closes the job on every node with `cause` as what each prints: input the job
-// cannot run with, which no restart mends.
-void close_without_restart(DynamicRendezvous& rdzv, const std::string& cause) {
-  rdzv.store().set(rdzv.key("root_cause"), util::to_bytes(cause));
-  rdzv.update([](elastic::RendezvousState& s) {
-    s.closed = true;
-    return true;
-  });
 }
 
 }  // namespace
@@ -223,7 +212,7 @@ int run_elastic_agent(const AgentSetup& setup) {
       const auto ran_for = Clock::now() - started;
       if (result.received_signal) throw SignalReceived{result.received_signal};
       if (const auto seen = watch->sighting()) {
-        close_without_restart(rdzv, "cohort run: error: " + *seen + "\n");
+        close_with_text(rdzv, "cohort run: error: " + *seen + "\n");  // no restart mends it
         report_closed(rdzv, hosting, check);
         return 2;
       }

@@ -65,6 +65,10 @@ void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Roun
                                                   "worker)\n")
                                       : records.front().summary;
   text += "cohort run: " + why + "; the job is closed on every node\n";
+  close_with_text(rdzv, text);
+}
+
+void close_with_text(elastic::DynamicRendezvous& rdzv, const std::string& text) {
   rdzv.store().set(rdzv.key("root_cause"), util::to_bytes(text));
   rdzv.update([](elastic::RendezvousState& s) {
     s.closed = true;

@@ -32,6 +32,9 @@ std::vector<FailureRecord> read_failure_records(elastic::DynamicRendezvous& rdzv
 // signals).
 void close_with_root_cause(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, const std::string& why,
                            const std::function<void()>& check = nullptr);
+// Closes the job on every node with `text` as the root cause each prints (what
+// close_with_root_cause does once it has gathered the records).
+void close_with_text(elastic::DynamicRendezvous& rdzv, const std::string& text);
 // What close_with_root_cause wrote; empty when the job closed because it finished.
 std::string read_root_cause(elastic::DynamicRendezvous& rdzv);
 
