@@ -149,3 +149,71 @@ TEST(ReplicaGroup, ReplicaZerosConfigurationIsTheJobsWhicheverArrivesFirst) {
 }
 
 }  // namespace
+
+namespace {
+
+// Note [Sharding inside a replica]: four ranks as two replicas of two. Every rank's
+// quorum holds both replicas, its shard group is its replica's two ranks and its
+// peer group the same shard of both replicas; a sum over each proves who is in it.
+struct Subgroups {
+  int shard = -1, replicas = -1;
+  double shard_sum = 0, peer_sum = 0;
+};
+
+Subgroups run_sharded(const c10::intrusive_ptr<c10d::Store>& store, int id) {
+  auto options = ft::ReplicaGroupOptions().quorum_timeout(5s).start_timeout(20s).shards_per_replica(2);
+  ft::ReplicaGroup replicas(store, store, id, 4, 0, options);
+  const auto& q = replicas.begin_step();
+  Subgroups out;
+  out.shard = q.shard;
+  out.replicas = q.replicas;
+  EXPECT_EQ(q.shard_group.size(), 2);
+  EXPECT_EQ(q.peer_group.size(), 2);
+  EXPECT_EQ(q.shard_group.rank(), q.shard);
+  auto a = torch::full({1}, static_cast<double>(id), torch::kFloat64);
+  auto b = a.clone();
+  auto shard_group = q.shard_group;
+  auto peer_group = q.peer_group;
+  shard_group.all_reduce(a);
+  peer_group.all_reduce(b);
+  out.shard_sum = a.item<double>();
+  out.peer_sum = b.item<double>();
+  EXPECT_TRUE(replicas.end_step(true));
+  return out;
+}
+
+}  // namespace
+
+TEST(ReplicaGroup, ShardsPerReplicaMakesAShardGroupPerReplicaAndAPeerGroupPerShard) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<Subgroups>> ranks;
+  for (int id = 0; id < 4; ++id)
+    ranks.push_back(std::async(std::launch::async, [store, id] { return run_sharded(store, id); }));
+  for (int id = 0; id < 4; ++id) {
+    SCOPED_TRACE("rank " + std::to_string(id));
+    const auto got = ranks[static_cast<size_t>(id)].get();
+    EXPECT_EQ(got.shard, id % 2);
+    EXPECT_EQ(got.replicas, 2);
+    EXPECT_EQ(got.shard_sum, id < 2 ? 0 + 1 : 2 + 3);       // ranks of its replica
+    EXPECT_EQ(got.peer_sum, id % 2 == 0 ? 0 + 2 : 1 + 3);   // its shard in each replica
+  }
+}
+
+TEST(ReplicaGroup, ShardsPerReplicaMustDivideTheRanksAndBoundMinReplicas) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  try {
+    ft::ReplicaGroup bad(store, store, 0, 3, 0, ft::ReplicaGroupOptions().shards_per_replica(2));
+    FAIL() << "3 ranks were cut into replicas of 2";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("3 ranks cannot make replicas of 2 ranks each"), std::string::npos)
+        << e.what();
+  }
+  try {
+    ft::ReplicaGroup bad(store, store, 0, 4, 0, ft::ReplicaGroupOptions().shards_per_replica(2).min_replicas(3));
+    FAIL() << "--min-replicas 3 of 2 replicas was taken";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--min-replicas 3 is more than the 2 replicas started"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(ft::ReplicaGroupOptions().shards_per_replica(0).validate(), cohort::ConfigError);
+}

@@ -193,4 +193,71 @@ TEST(Quorum, BelowMinReplicasTheErrorNamesTheMissing) {
   }
 }
 
+ft::FormRules sharded_rules(std::chrono::milliseconds wait, std::chrono::milliseconds below_minimum) {
+  auto r = rules(4, wait);
+  r.shards_per_replica = 2;
+  r.below_minimum = below_minimum;
+  return r;
+}
+
+// Note [Sharding inside a replica]: replicas of two ranks; rank 1 is dead, so rank 0
+// (its replica not whole) is left out, and the quorum is replica 1 (ranks 2, 3).
+TEST(Quorum, WithShardsPerReplicaOnlyWholeReplicasAreTaken) {
+  auto s = store();
+  s->set(ft::keys::dead(1), cohort::util::to_bytes("0"));
+  std::vector<std::future<ft::QuorumRecord>> f;
+  for (int id : {0, 2, 3})
+    f.push_back(std::async(std::launch::async,
+                           [&, id] { return ft::form_quorum(*s, 1, {id, 0, 0}, sharded_rules(10s, 2s)); }));
+  for (auto& each : f) {
+    auto q = each.get();
+    ASSERT_EQ(q.members.size(), 2u) << q.describe();
+    EXPECT_EQ(q.members[0].id, 2);
+    EXPECT_EQ(q.members[1].id, 3);
+  }
+}
+
+// Quorum 1 was ranks 0-3. For quorum 2, ranks 0 (its state discarded) and 1 (a
+// replacement) make a whole replica with no state, while rank 3 holds step 5 and its
+// replica lacks rank 2 (stopped: not dead). Past the deadline for the missing, a
+// quorum of 0 and 1 alone would start from nothing; it waits instead.
+void decide_quorum_one_of_four(c10d::Store& s) {
+  ft::QuorumRecord one;
+  one.id = 1;
+  for (int id = 0; id < 4; ++id) one.members.push_back({id, 0, 4});
+  s.set(ft::keys::members(1), cohort::util::to_bytes(one.encode()));
+}
+
+TEST(Quorum, WithShardsPerReplicaTheNewestStateIsNeverLeftOut) {
+  auto s = store();
+  decide_quorum_one_of_four(*s);
+  const std::vector<ft::Member> here{{0, 0, -1}, {1, 1, -1}, {3, 0, 5}};
+  std::vector<std::future<ft::QuorumRecord>> f;
+  for (const auto& m : here)
+    f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 10s)); }));
+  std::this_thread::sleep_for(400ms);  // well past the 50 ms deadline for the missing
+  auto last = ft::form_quorum(*s, 2, {2, 0, 5}, sharded_rules(50ms, 10s));
+  EXPECT_EQ(last.members.size(), 4u) << last.describe();
+  EXPECT_EQ(last.max_step(), 5);
+  for (auto& each : f) EXPECT_EQ(each.get().encode(), last.encode());
+}
+
+TEST(Quorum, WithShardsPerReplicaANewestStateThatCannotJoinIsNamed) {
+  auto s = store();
+  decide_quorum_one_of_four(*s);
+  try {
+    std::vector<std::future<ft::QuorumRecord>> f;
+    for (const ft::Member& m : {ft::Member{1, 1, -1}, ft::Member{3, 0, 5}})
+      f.push_back(std::async(std::launch::async,
+                             [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 300ms)); }));
+    ft::form_quorum(*s, 2, {0, 0, -1}, sharded_rules(50ms, 300ms));
+    FAIL() << "a quorum left the newest state out";
+  } catch (const cohort::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("the newest state (step 5) is held only by ranks whose replica of 2 is not "
+                                         "whole; [2] are missing"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace

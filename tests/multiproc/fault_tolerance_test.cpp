@@ -14,93 +14,12 @@
 #include <regex>
 #include <thread>
 
-#include "support/subprocess.h"
-#include "support/temp_dir.h"
+#include "multiproc/fault_tolerance/ft_harness.h"
 
 using namespace std::chrono_literals;
-using cohort::testing::ProcessResult;
+using namespace cohort::testing::ft;
 
 namespace {
-
-constexpr int kSteps = 24;
-constexpr int kReplicas = 3;
-
-std::string describe(const ProcessResult& r) {
-  return "exit " + std::to_string(r.exit_code) + (r.timed_out ? " TIMED OUT" : "") + "\n--- stdout\n" + r.out +
-         "\n--- stderr\n" + r.err;
-}
-
-std::map<std::string, std::string> ft_env() {
-  return {{"COHORT_FT_COLLECTIVE_TIMEOUT", "3"}, {"COHORT_FT_QUORUM_TIMEOUT", "2"},
-          {"COHORT_FT_MIN_REPLICAS_TIMEOUT", "30"}, {"OMP_NUM_THREADS", "1"}};
-}
-
-std::vector<std::string> launch(const std::string& out, const std::vector<std::string>& args,
-                                const std::vector<std::string>& launcher_flags = {}, int nproc = kReplicas) {
-  std::vector<std::string> argv{COHORT_CLI_PATH,  "run",       "--nproc-per-node", std::to_string(nproc),
-                                "--fault-tolerance", "in-process", "--max-restarts", "3",
-                                "--stop-timeout",    "3",          COHORT_FT_WORKER_PATH,
-                                "--steps",           std::to_string(kSteps), "--out", out,
-                                "--degraded-step-ms", "20", "--hold-last-step"};
-  argv.insert(argv.begin() + 2, launcher_flags.begin(), launcher_flags.end());
-  argv.insert(argv.end(), args.begin(), args.end());
-  return argv;
-}
-
-std::vector<torch::Tensor> load(const std::string& path) {
-  std::vector<torch::Tensor> t;
-  torch::load(t, path);
-  return t;
-}
-
-double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
-  return d;
-}
-
-class FaultTolerance : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    reference_dir_ = new cohort::testing::TempDir("cohort-ft-ref");
-    auto r = cohort::testing::run_process(
-        {COHORT_FT_WORKER_PATH, "--reference", "--steps", std::to_string(kSteps), "--out", reference_dir_->path}, 120s);
-    ASSERT_EQ(r.exit_code, 0) << describe(r);
-    reference_ = load(reference_dir_->path + "/reference.pt");
-    before_last_ = load(reference_dir_->path + "/reference_before_last.pt");
-  }
-  static void TearDownTestSuite() { delete reference_dir_; }
-
-  // Every replica's final weights equal the reference's, and the test could tell a
-  // step lost or applied twice (the last step alone moves them far more).
-  void expect_reference_weights(const std::string& dir, const ProcessResult& r) {
-    ASSERT_GT(max_diff(reference_, before_last_), 1e-3) << "the last step must move the weights measurably";
-    for (int id = 0; id < kReplicas; ++id) {
-      const auto path = dir + "/final_" + std::to_string(id) + ".pt";
-      ASSERT_TRUE(std::filesystem::exists(path)) << "replica " << id << " wrote no weights\n" << describe(r);
-      EXPECT_LT(max_diff(load(path), reference_), 2e-5) << "replica " << id << "\n" << describe(r);
-    }
-  }
-
-  // Replicas that never died committed every step exactly once.
-  static void expect_survivor_committed_all(const ProcessResult& r, int replica) {
-    std::regex done("replica " + std::to_string(replica) + ": done at step (\\d+): committed (\\d+)");
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(r.out, m, done)) << describe(r);
-    EXPECT_EQ(std::stoi(m[1]), kSteps);
-    EXPECT_EQ(std::stoi(m[2]), kSteps) << describe(r);
-  }
-
-  static inline cohort::testing::TempDir* reference_dir_ = nullptr;
-  static inline std::vector<torch::Tensor> reference_;
-  static inline std::vector<torch::Tensor> before_last_;
-};
-
-ProcessResult run_ft(const std::string& out, const std::vector<std::string>& args,
-                     const std::vector<std::string>& launcher_flags = {}) {
-  return cohort::testing::run_process(launch(out, args, launcher_flags), 180s, ft_env());
-}
 
 TEST_F(FaultTolerance, NoFailureMatchesTheOneProcessRun) {
   cohort::testing::TempDir dir("cohort-ft");

@@ -38,6 +38,9 @@ ReplicaGroupOptions ReplicaGroupOptions::from_env(const comm::EnvMap& env) {
 void ReplicaGroupOptions::validate() const {
   if (min_replicas_ < 1)
     throw ConfigError(fmt::format("ReplicaGroupOptions::min_replicas is {}; it must be at least 1", min_replicas_));
+  if (shards_per_replica_ < 1)
+    throw ConfigError(
+        fmt::format("ReplicaGroupOptions::shards_per_replica is {}; it must be at least 1", shards_per_replica_));
   auto positive = [](std::chrono::milliseconds d, const char* name) {
     if (d.count() <= 0)
       throw ConfigError(fmt::format("ReplicaGroupOptions::{} is {} ms; every deadline must be > 0", name, d.count()));

@@ -42,6 +42,12 @@ struct ReplicaGroupOptions {
   // whose text differs from replica 0's (the job's) throws a ConfigError naming both
   // at its first begin_step(), before it joins a quorum (Note [One configuration]).
   TORCH_ARG(std::string, configuration) = "";
+  // Ranks that make one replica and shard its optimizer state among themselves
+  // (ZeRO-1/2 inside a replica, fault tolerance across replicas; Note [Sharding
+  // inside a replica] in quorum.h). Ranks r*k .. r*k+k-1 are replica r. A quorum
+  // takes whole replicas only, and min_replicas counts replicas. 1: every rank is
+  // a replica of its own.
+  TORCH_ARG(int, shards_per_replica) = 1;
 
  public:
   // Defaults overridden by COHORT_FT_MIN_REPLICAS (set by `cohort run

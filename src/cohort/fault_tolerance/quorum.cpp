@@ -107,6 +107,23 @@ std::map<int, Member> read_arrivals(c10d::Store& store, std::int64_t target, int
   return found;
 }
 
+// Note [Sharding inside a replica]: the arrivals whose replica has arrived whole.
+std::map<int, Member> whole_replicas(const std::map<int, Member>& arrived, int shards) {
+  if (shards == 1) return arrived;
+  std::map<int, int> present;
+  for (const auto& entry : arrived) ++present[entry.first / shards];
+  std::map<int, Member> whole;
+  for (const auto& [id, m] : arrived)
+    if (present[id / shards] == shards) whole[id] = m;
+  return whole;
+}
+
+std::int64_t top_step(const std::map<int, Member>& members) {
+  std::int64_t top = -1;
+  for (const auto& entry : members) top = std::max(top, entry.second.step);
+  return top;
+}
+
 }  // namespace
 
 QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& me, const FormRules& rules,
@@ -146,13 +163,19 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
       if (!arrived.count(m.id) && !is_dead) missing.push_back(m.id);
     }
     const auto waited = Clock::now() - start;
-    const bool enough = static_cast<int>(arrived.size()) >= rules.min_replicas;
+    const auto whole = whole_replicas(arrived, rules.shards_per_replica);
+    const auto replicas_here = static_cast<int>(whole.size()) / rules.shards_per_replica;
+    const bool enough = replicas_here >= rules.min_replicas;
     const bool may_decide = was_member || dead == expected.size();
-    if (may_decide && enough && (missing.empty() || waited >= rules.wait_for_expected)) {
+    // Note [Sharding inside a replica]: never leave out the newest state. A rank that
+    // holds a later step than every whole replica here waits for its replica to be
+    // whole (its missing rank arrives, or dies and is replaced).
+    const bool keeps_newest = top_step(whole) >= top_step(arrived);
+    if (may_decide && enough && keeps_newest && (missing.empty() || waited >= rules.wait_for_expected)) {
       QuorumRecord proposal;
       proposal.id = target;
       proposal.join_requests = store.add(keys::join_requests(), 0);
-      for (auto& [id, m] : arrived) proposal.members.push_back(m);
+      for (auto& [id, m] : whole) proposal.members.push_back(m);
       store.compareSet(members_key, {}, util::to_bytes(proposal.encode()));
       break;
     }
@@ -166,12 +189,23 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
             "fault-tolerant join", {});
       std::vector<int> here;
       for (auto& [id, m] : arrived) here.push_back(id);
+      if (enough && !keeps_newest)
+        throw TimeoutError(
+            fmt::format("cohort: fault tolerance: quorum {} cannot form after {:.0f} s: ranks [{}] arrived, but the "
+                        "newest state (step {}) is held only by ranks whose replica of {} is not whole; [{}] are "
+                        "missing (dead or stopped)\n  fix: see why those ranks died (the launcher's log); the job "
+                        "resumes from its newest checkpoint when restarted",
+                        target, std::chrono::duration<double>(waited).count(), fmt::join(here, ", "),
+                        top_step(arrived), rules.shards_per_replica, fmt::join(missing, ", ")),
+            "fault-tolerant quorum", missing);
+      const bool ranks = rules.shards_per_replica > 1;
       throw TimeoutError(
-          fmt::format("cohort: fault tolerance: quorum {} has {} of the {} replicas it needs (--min-replicas) after "
-                      "{:.0f} s: replicas [{}] are here, [{}] are missing (dead or stopped)\n  fix: see why those "
-                      "replicas died (the launcher's log), or lower --min-replicas",
-                      target, arrived.size(), rules.min_replicas,
-                      std::chrono::duration<double>(waited).count(), fmt::join(here, ", "), fmt::join(missing, ", ")),
+          fmt::format("cohort: fault tolerance: quorum {} has {} of the {} {}replicas it needs (--min-replicas) after "
+                      "{:.0f} s: {} [{}] are here, [{}] are missing (dead or stopped)\n  fix: see why those "
+                      "{} died (the launcher's log), or lower --min-replicas",
+                      target, replicas_here, rules.min_replicas, ranks ? "whole " : "",
+                      std::chrono::duration<double>(waited).count(), ranks ? "ranks" : "replicas",
+                      fmt::join(here, ", "), fmt::join(missing, ", "), ranks ? "ranks" : "replicas"),
           "fault-tolerant quorum", missing);
     }
     std::this_thread::sleep_for(pause);

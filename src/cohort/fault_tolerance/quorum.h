@@ -23,6 +23,26 @@
 // deadline passed, it would form a quorum of itself and train alone on stale state.
 // When every member of quorum t-1 is known dead, the joiners may decide (the whole
 // job was lost; the quorum starts from the replicas' own state, e.g. a checkpoint).
+//
+// Note [Sharding inside a replica]
+// With ReplicaGroupOptions::shards_per_replica k > 1, a replica is k ranks (r*k ..
+// r*k+k-1) that partition the optimizer state among themselves (ZeRO-1/2), and the
+// fault tolerance is across replicas, as in HSDP. Each rank still arrives and votes
+// on its own, but the proposal takes only whole replicas: a rank whose replica has
+// a rank missing (dead, stopped, or a replacement not yet arrived) is left out, as a
+// late arrival is, and asks in again (Note [Joining at a step boundary] in
+// replica_group.cpp) until its replica is whole. Rank j of one replica holds the
+// same shard as rank j of every other, so a lost rank's shard lives on in the other
+// replicas, and a joiner takes its shard from a live rank of the same index (Note
+// [Live transfer]). min_replicas counts whole replicas. A proposal never leaves out
+// the newest state: while a rank that arrived holds a later step than every whole
+// replica, the quorum waits for that rank's replica to be whole. Otherwise two ranks
+// with no state (a replacement, and its replica's survivor whose state was
+// discarded) could form a quorum alone while the replica that trained on is missing
+// a rank for a moment, and start again from nothing (found by the kill -9 tests).
+// When the newest state of a shard was lost with every rank that held it (the same
+// shard lost in every replica before any was whole again), no quorum can go on from
+// it: the members stop with an error, and the job resumes from its checkpoint.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -79,7 +99,8 @@ std::string event(std::int64_t n);
 
 struct FormRules {
   int max_replicas = 1;  // replica ids are 0..max_replicas-1
-  int min_replicas = 1;
+  int min_replicas = 1;  // whole replicas (Note [Sharding inside a replica])
+  int shards_per_replica = 1;
   std::chrono::milliseconds wait_for_expected{5000};  // then form without the missing
   std::chrono::milliseconds below_minimum{60000};     // then give up
 };

@@ -147,10 +147,16 @@ ReplicaGroup::ReplicaGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive
       fresh_(incarnation > 0),
       watch_(std::make_unique<WatchState>()) {
   options_.validate();
-  if (options_.min_replicas() > max_replicas_)
+  const int k = options_.shards_per_replica();
+  if (max_replicas_ % k != 0)
+    throw ConfigError(fmt::format("cohort: fault tolerance: {} ranks cannot make replicas of {} ranks each "
+                                  "(ReplicaGroupOptions::shards_per_replica)\n  fix: start a multiple of {} workers, "
+                                  "or change the shards per replica",
+                                  max_replicas_, k, k));
+  if (options_.min_replicas() > max_replicas_ / k)
     throw ConfigError(fmt::format("cohort: fault tolerance: --min-replicas {} is more than the {} replicas started; "
                                   "lower it or start more workers",
-                                  options_.min_replicas(), max_replicas_));
+                                  options_.min_replicas(), max_replicas_ / k));
   watch_->thread = std::thread([w = watch_.get(), s = watch_store_] { run_watcher(*w, *s); });
 }
 
@@ -173,6 +179,11 @@ void ReplicaGroup::resume_at(std::int64_t step) {
                                   "whose quorum is fresh_start (no replica had trained), before any end_step()",
                                   step, id_));
   step_ = step;
+}
+
+void ReplicaGroup::discard_state() {
+  fresh_ = true;
+  need_regroup_ = true;
 }
 
 void ReplicaGroup::finish() { store_->set(keys::finished(), util::to_bytes(std::to_string(step_))); }
@@ -275,7 +286,9 @@ void ReplicaGroup::forget_committed_vote(const std::string& name) {
 // the same text again: c10d's TCPStore wakes no waiter on a compareSet (Note
 // [Waking the waiters]), and the other replicas wait on this key.
 void ReplicaGroup::check_configuration() {
-  const auto& mine = options_.configuration();
+  auto mine = options_.configuration();
+  if (options_.shards_per_replica() > 1)  // every rank must cut the replicas alike
+    mine += fmt::format(" (shards per replica {})", options_.shards_per_replica());
   const auto key = keys::configuration();
   if (id_ == 0) {
     const auto theirs = util::from_bytes(store_->compareSet(key, {}, util::to_bytes(mine)));
@@ -355,9 +368,34 @@ void ReplicaGroup::regroup() {
 // the groups of the last collective_timeout, not one per regroup since it started.
 void ReplicaGroup::abandon_group() {
   release_settled_groups();
-  if (world_) abandoned_.push_back({std::move(*world_), Clock::now()});
+  if (world_) abandoned_.push_back({std::move(*world_), std::move(subgroups_), Clock::now()});
   world_.reset();
+  subgroups_.clear();
   stats_.groups_held = static_cast<std::int64_t>(abandoned_.size());
+}
+
+// Note [Sharding inside a replica] (quorum.h): members are whole replicas in id
+// order, so member i is shard i % k of the quorum's replica i / k. Every member
+// makes every subgroup's new_group call in the same order (World::new_group).
+void ReplicaGroup::build_subgroups(Quorum& q) {
+  const int k = options_.shards_per_replica();
+  q.shard = q.rank % k;
+  q.replicas = q.size / k;
+  if (k == 1) return;
+  for (int r = 0; r < q.replicas; ++r) {
+    std::vector<int> ranks;
+    for (int j = 0; j < k; ++j) ranks.push_back(r * k + j);
+    auto g = world_->new_group(ranks);
+    if (r == q.rank / k) q.shard_group = g;
+    subgroups_.push_back(std::move(g));
+  }
+  for (int j = 0; j < k; ++j) {
+    std::vector<int> ranks;
+    for (int r = 0; r < q.replicas; ++r) ranks.push_back(r * k + j);
+    auto g = world_->new_group(ranks);
+    if (j == q.shard) q.peer_group = g;
+    subgroups_.push_back(std::move(g));
+  }
 }
 
 void ReplicaGroup::release_settled_groups() {
@@ -372,6 +410,7 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   FormRules rules;
   rules.max_replicas = max_replicas_;
   rules.min_replicas = options_.min_replicas();
+  rules.shards_per_replica = options_.shards_per_replica();
   rules.wait_for_expected = target == 1 ? options_.start_timeout() : options_.quorum_timeout();
   rules.below_minimum = options_.min_replicas_timeout();
   auto event = [&](const char* what) {
@@ -393,6 +432,11 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   const int size = static_cast<int>(record.members.size());
   abandon_group();
   bool ok = true;
+  Quorum q;
+  q.id = target;
+  q.members = record.members;
+  q.rank = index;
+  q.size = size;
   try {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(keys::quorum(target), store_);
     world_ = comm::World::init_with_store(prefixed, index, size,
@@ -400,6 +444,7 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
                                               .backend(options_.backend())
                                               .timeout(options_.collective_timeout())
                                               .join_timeout(options_.quorum_timeout()));
+    build_subgroups(q);
   } catch (const std::exception&) {
     ok = false;  // a member died while the group formed: the vote below aborts it
   }
@@ -414,15 +459,28 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   event("formed");
   const bool behind = std::any_of(record.members.begin(), record.members.end(),
                                   [&](const Member& m) { return m.step < record.max_step(); });
+  const int k = options_.shards_per_replica();
+  if (behind && shard_without_source(record, k) >= 0) {
+    // Every member reads the same record, so every member stops here alike.
+    const int lost = shard_without_source(record, k);
+    throw CommError(fmt::format("cohort: fault tolerance: {} cannot train: no live rank holds shard {} of the state "
+                                "at step {} (every rank that held it was lost before its replica was whole again; "
+                                "Note [Sharding inside a replica])\n  fix: restart the job; it resumes from its "
+                                "newest checkpoint on disk",
+                                record.describe(), lost, record.max_step()));
+  }
   if (behind) {
     bool sent_ok = true;
     try {
       const auto top = record.max_step();
+      const int shard = id_ % k;
       int source = 0;
-      while (record.members[static_cast<size_t>(source)].step != top) ++source;
+      while (record.members[static_cast<size_t>(source)].step != top ||
+             record.members[static_cast<size_t>(source)].id % k != shard)
+        ++source;
       if (index == source) event("sending");
       if (record.members[static_cast<size_t>(index)].step < top) event("receiving");
-      auto result = transfer_state(world_->group(), record, index, step_, save_, load_);
+      auto result = transfer_state(world_->group(), record, index, step_, save_, load_, k);
       if (result.received) {
         step_ = result.step;
         ++stats_.transfers_received;
@@ -446,12 +504,8 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   set_watched({}, record.members);
   fresh_ = false;
   join_requests_seen_ = record.join_requests;
-  Quorum q;
-  q.id = target;
-  q.members = record.members;
-  q.rank = index;
-  q.size = size;
   q.group = world_->group();
+  if (k == 1) q.peer_group = q.group;
   q.changed = true;
   q.fresh_start = record.max_step() <= 0;
   quorum_ = std::move(q);

@@ -53,6 +53,17 @@ struct Quorum {
   // No member had trained a step: the job's start, or every replica was lost. The
   // time to load a checkpoint from disk (then resume_at() its step).
   bool fresh_start = false;
+  // With ReplicaGroupOptions::shards_per_replica k > 1 (Note [Sharding inside a
+  // replica] in quorum.h): `members` are whole replicas, k ranks each, and
+  //   shard_group: this replica's k ranks, in shard order; shard the optimizer over it
+  //                (zero::ShardedOptimizer, rebound when `changed`);
+  //   peer_group:  the rank of this shard in every live replica; ZeRO-2 averages this
+  //                shard's gradients over it (sharded_replicas.h).
+  // With k = 1, shard_group is a non-member handle and peer_group is `group`.
+  comm::Group shard_group;
+  comm::Group peer_group;
+  int shard = 0;     // this rank's shard: its rank in shard_group
+  int replicas = 1;  // whole replicas in the quorum: size / k
   std::vector<int> replica_ids() const;
 };
 
@@ -110,6 +121,12 @@ class ReplicaGroup {
   // there (the sampler's position is the step). Throws ConfigError otherwise.
   void resume_at(std::int64_t step);
 
+  // This rank's state can no longer be trusted (a collective after the commit failed
+  // halfway: Note [A step that is collective after the commit] in
+  // replica_sharded_optimizer.h). It joins the next quorum as a replica with no
+  // state and receives a live replica's, as a replacement does.
+  void discard_state();
+
   std::int64_t step() const { return step_; }
   int replica_id() const { return id_; }
   int max_replicas() const { return max_replicas_; }
@@ -124,6 +141,7 @@ class ReplicaGroup {
   std::string step_vote() const;
   void forget_committed_vote(const std::string& name);
   void check_configuration();
+  void build_subgroups(Quorum& q);
   void set_watched(std::vector<std::string> votes, const std::vector<Member>& members);
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -138,8 +156,10 @@ class ReplicaGroup {
   std::int64_t committed_quorum_ = 0;  // ...and its quorum
   std::optional<Quorum> quorum_;
   std::optional<comm::World> world_;
+  std::vector<comm::Group> subgroups_;  // the quorum's shard and peer groups, held with world_
   struct Abandoned {
     comm::World world;
+    std::vector<comm::Group> subgroups;
     std::chrono::steady_clock::time_point since;
   };
   void abandon_group();

@@ -4,8 +4,11 @@
 #include <torch/serialize/output-archive.h>
 #include <fmt/format.h>
 
+#include <functional>
+
 #include "cohort/checkpoint/rng_state.h"
 #include "cohort/errors.h"
+#include "cohort/fault_tolerance/replica_sharded_optimizer.h"
 
 namespace cohort::fault_tolerance {
 
@@ -18,19 +21,33 @@ c10::Device device_of(const torch::nn::Module& module) {
 
 }  // namespace
 
-void save_training_state(std::ostream& out, const torch::nn::Module& module, const torch::optim::Optimizer* optimizer) {
+namespace {
+
+void save_with(std::ostream& out, const torch::nn::Module& module,
+               const std::function<void(torch::serialize::OutputArchive&)>& optimizer) {
   torch::serialize::OutputArchive archive;
   for (const auto& p : module.named_parameters()) archive.write("parameter/" + p.key(), p.value());
   for (const auto& b : module.named_buffers()) archive.write("buffer/" + b.key(), b.value(), /*is_buffer=*/true);
   if (optimizer) {
     torch::serialize::OutputArchive opt;
-    optimizer->save(opt);
+    optimizer(opt);
     archive.write("optimizer", opt);
   }
   const auto rng = checkpoint::capture_rng_state(device_of(module));
   archive.write("rng_count", torch::tensor(static_cast<std::int64_t>(rng.size())));
   for (size_t i = 0; i < rng.size(); ++i) archive.write("rng_" + std::to_string(i), rng[i]);
   archive.save_to(out);
+}
+
+}  // namespace
+
+void save_training_state(std::ostream& out, const torch::nn::Module& module, const torch::optim::Optimizer* optimizer) {
+  if (!optimizer) return save_with(out, module, nullptr);
+  save_with(out, module, [&](torch::serialize::OutputArchive& a) { optimizer->save(a); });
+}
+
+void save_training_state(std::ostream& out, const torch::nn::Module& module, const ReplicaShardedOptimizer& optimizer) {
+  save_with(out, module, [&](torch::serialize::OutputArchive& a) { optimizer.save_state(a); });
 }
 
 namespace {
@@ -49,9 +66,8 @@ void copy_checked(torch::serialize::InputArchive& archive, const std::string& ke
   into.copy_(read);
 }
 
-}  // namespace
-
-void load_training_state(std::istream& in, torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
+void load_with(std::istream& in, torch::nn::Module& module,
+               const std::function<void(torch::serialize::InputArchive&)>& optimizer) {
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(in, device_of(module));
@@ -60,7 +76,7 @@ void load_training_state(std::istream& in, torch::nn::Module& module, torch::opt
     if (optimizer) {
       torch::serialize::InputArchive opt;
       archive.read("optimizer", opt);
-      optimizer->load(opt);
+      optimizer(opt);
     }
     at::Tensor count;
     archive.read("rng_count", count);
@@ -73,6 +89,17 @@ void load_training_state(std::istream& in, torch::nn::Module& module, torch::opt
                                 "with the same model and optimizer",
                                 e.what_without_backtrace()));
   }
+}
+
+}  // namespace
+
+void load_training_state(std::istream& in, torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
+  if (!optimizer) return load_with(in, module, nullptr);
+  load_with(in, module, [&](torch::serialize::InputArchive& a) { optimizer->load(a); });
+}
+
+void load_training_state(std::istream& in, torch::nn::Module& module, ReplicaShardedOptimizer& optimizer) {
+  load_with(in, module, [&](torch::serialize::InputArchive& a) { optimizer.load_state(a); });
 }
 
 }  // namespace cohort::fault_tolerance

@@ -13,10 +13,17 @@
 
 namespace cohort::fault_tolerance {
 
+class ReplicaShardedOptimizer;
+
 // `optimizer` may be null (a model trained without state, or one you send yourself).
 void save_training_state(std::ostream& out, const torch::nn::Module& module, const torch::optim::Optimizer* optimizer);
 // Loads into a module of the same structure, on its current device. Throws
 // DataError when the stream is not what save_training_state wrote for this model.
 void load_training_state(std::istream& in, torch::nn::Module& module, torch::optim::Optimizer* optimizer);
+
+// With ZeRO inside each replica (replica_sharded_optimizer.h): the model and this
+// rank's shard of the optimizer state, which only a rank of the same shard can load.
+void save_training_state(std::ostream& out, const torch::nn::Module& module, const ReplicaShardedOptimizer& optimizer);
+void load_training_state(std::istream& in, torch::nn::Module& module, ReplicaShardedOptimizer& optimizer);
 
 }  // namespace cohort::fault_tolerance

@@ -21,20 +21,31 @@ constexpr std::int64_t kFormat = 1;
                                 replica, what));
 }
 
+// The index of the lowest-id member of `shard` at the highest step, or -1.
+int source_of(const QuorumRecord& record, int shard, int shards) {
+  const auto top = record.max_step();
+  for (size_t i = 0; i < record.members.size(); ++i)
+    if (record.members[i].step == top && record.members[i].id % shards == shard) return static_cast<int>(i);
+  return -1;
+}
+
 }  // namespace
+
+int shard_without_source(const QuorumRecord& record, int shards_per_replica) {
+  for (const auto& m : record.members)
+    if (source_of(record, m.id % shards_per_replica, shards_per_replica) < 0) return m.id % shards_per_replica;
+  return -1;
+}
 
 TransferResult transfer_state(comm::Group& group, const QuorumRecord& record, int index, std::int64_t step,
                               const std::function<void(std::ostream&)>& save,
-                              const std::function<void(std::istream&)>& load) {
+                              const std::function<void(std::istream&)>& load, int shards_per_replica) {
   TransferResult result;
   const auto top = record.max_step();
-  int source = -1;
-  for (size_t i = 0; i < record.members.size(); ++i)
-    if (record.members[i].step == top) {
-      source = static_cast<int>(i);
-      break;
-    }
   const auto& me = record.members[static_cast<size_t>(index)];
+  const int shard = me.id % shards_per_replica;
+  const int source = source_of(record, shard, shards_per_replica);
+  TORCH_CHECK(source >= 0, "transfer_state: no source for shard ", shard, " (check shard_without_source first)");
   if (index == source) {
     if (!save) missing("send", me.id);
     std::ostringstream out;
@@ -44,7 +55,7 @@ TransferResult transfer_state(comm::Group& group, const QuorumRecord& record, in
     auto payload = at::empty({static_cast<std::int64_t>(text.size())}, at::kByte);
     if (!text.empty()) std::memcpy(payload.data_ptr(), text.data(), text.size());
     for (size_t i = 0; i < record.members.size(); ++i) {
-      if (record.members[i].step == top) continue;
+      if (record.members[i].step == top || record.members[i].id % shards_per_replica != shard) continue;
       group.send(header, static_cast<int>(i), 0);
       group.send(payload, static_cast<int>(i), 1);
       ++result.sent;

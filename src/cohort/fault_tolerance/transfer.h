@@ -8,6 +8,10 @@
 // RNG: what the step count does not give; the sampler's position is the step).
 // Members at the highest step neither send nor receive. A failure on either side
 // aborts the quorum through its vote, and the survivors form the next one.
+// With shards_per_replica k > 1 (Note [Sharding inside a replica] in quorum.h) the
+// state differs by shard: a member of shard j (its id modulo k) receives from the
+// lowest-id member of shard j at the highest step, so one transfer has up to k
+// sources at once, each sending its own shard of the optimizer state.
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -24,11 +28,16 @@ struct TransferResult {
   std::int64_t bytes = 0;
 };
 
+// The shard (id modulo shards_per_replica) whose state no member of `record` holds at
+// the quorum's highest step, or -1. Such a quorum cannot train: that shard's state
+// at that step was lost with every rank that held it.
+int shard_without_source(const QuorumRecord& record, int shards_per_replica);
+
 // Collective over `group` (the quorum `record`, where this replica is `index`).
 // Throws ConfigError when a transfer is due and `save` (on the source) or `load`
 // (on a receiver) is missing, CommError/TimeoutError when a peer fails.
 TransferResult transfer_state(comm::Group& group, const QuorumRecord& record, int index, std::int64_t step,
                               const std::function<void(std::ostream&)>& save,
-                              const std::function<void(std::istream&)>& load);
+                              const std::function<void(std::istream&)>& load, int shards_per_replica = 1);
 
 }  // namespace cohort::fault_tolerance

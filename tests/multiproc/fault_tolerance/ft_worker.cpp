@@ -17,6 +17,11 @@
 //                      step (end_step(false)) every 200 ms so the quorum re-forms
 //                      and takes them in: a test then sees every replica finish,
 //                      however slowly a replacement starts (60 s at most);
+//   --zero STAGE --shards-per-replica K
+//                      ZeRO-1 or 2 inside replicas of K ranks (fault_tolerance/
+//                      replica_sharded_optimizer.h); "optimizer" is then a PHASE of
+//                      --die too: just after step AT's commit, before the broadcast
+//                      of the updated shards inside the replica;
 //   --reference        one process, no launcher: the weights every run must reach.
 // Each replica writes its final parameters to OUT/final_<replica>.pt.
 #include <signal.h>
@@ -33,6 +38,7 @@
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/errors.h"
 #include "cohort/fault_tolerance/replica_group.h"
+#include "cohort/fault_tolerance/replica_sharded_optimizer.h"
 #include "cohort/fault_tolerance/step_sampler.h"
 #include "cohort/fault_tolerance/training_state.h"
 
@@ -82,6 +88,8 @@ int main(int argc, char** argv) {
   bool reference = false;
   int degraded_ms = 0;
   bool hold_last = false;
+  int zero_stage = 0;
+  int shards = 1;
   std::vector<Failure> dies;
   Failure stop;
   for (int i = 1; i < argc; ++i) {
@@ -92,6 +100,8 @@ int main(int argc, char** argv) {
     else if (a == "--reference") reference = true;
     else if (a == "--degraded-step-ms") degraded_ms = std::stoi(next());
     else if (a == "--hold-last-step") hold_last = true;
+    else if (a == "--zero") zero_stage = std::stoi(next());
+    else if (a == "--shards-per-replica") shards = std::stoi(next());
     else if (a == "--die") dies.push_back(parse_failure(next()));
     else if (a == "--stop") stop = parse_failure(next());
     else {
@@ -105,10 +115,18 @@ int main(int argc, char** argv) {
   torch::manual_seed(1);
   Net net;
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  // Small buckets, so that the broadcast of the updated shards takes several.
+  ft::ReplicaShardedOptimizer zero(
+      net->parameters(),
+      [](std::vector<torch::Tensor> shard) {
+        return std::make_unique<torch::optim::SGD>(shard, torch::optim::SGDOptions(0.1).momentum(0.9));
+      },
+      cohort::zero::ShardedOptimizerOptions().shard_gradients(zero_stage == 2).bucket_cap_bytes(512));
   ft::StepSampler sampler(ft::StepSamplerOptions(512, 32).seed(7));
 
   auto options = ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment())
-                     .configuration("steps " + std::to_string(steps));
+                     .configuration("steps " + std::to_string(steps) + " zero " + std::to_string(zero_stage))
+                     .shards_per_replica(shards);
   int my_id = -1, my_incarnation = 0;
   options.on_event([&](const std::string& event) {
     std::printf("replica %d: %s\n", my_id, event.c_str());
@@ -123,8 +141,12 @@ int main(int argc, char** argv) {
   my_incarnation = replicas.incarnation();
   std::printf("replica %d: incarnation %d pid %d\n", my_id, my_incarnation, static_cast<int>(getpid()));
   std::fflush(stdout);
-  replicas.on_transfer([&](std::ostream& o) { ft::save_training_state(o, *net, &optimizer); },
-                       [&](std::istream& i) { ft::load_training_state(i, *net, &optimizer); });
+  if (zero_stage > 0)
+    replicas.on_transfer([&](std::ostream& o) { ft::save_training_state(o, *net, zero); },
+                         [&](std::istream& i) { ft::load_training_state(i, *net, zero); });
+  else
+    replicas.on_transfer([&](std::ostream& o) { ft::save_training_state(o, *net, &optimizer); },
+                         [&](std::istream& i) { ft::load_training_state(i, *net, &optimizer); });
   const bool first = my_incarnation == 0;
   auto armed = [&](const Failure& f, const char* phase, std::int64_t step) {
     return first && f.replica == my_id && f.phase == phase && f.at == step;
@@ -134,8 +156,10 @@ int main(int argc, char** argv) {
       if (armed(die, phase, step)) return true;
     return false;
   };
-  // Fires during backward, after the output layer's bucket was launched.
-  net->a->weight.register_hook([&](torch::Tensor g) {
+  // Fires during backward, after the output layer's bucket was launched. Under ZeRO-2
+  // the gradient sharder takes the weight's gradient first, so the hook sits on the
+  // hidden activation instead (forward below), which backward reaches at the same point.
+  auto in_backward = [&](torch::Tensor g) {
     if (dies_at("backward", replicas.step())) raise(SIGKILL);
     if (armed(stop, "stop", replicas.step())) {
       std::printf("replica %d: stopping at step %lld pid %d\n", my_id, static_cast<long long>(replicas.step()),
@@ -145,10 +169,17 @@ int main(int argc, char** argv) {
       raise(SIGSTOP);
     }
     return g;
-  });
-
+  };
+  if (zero_stage < 2) net->a->weight.register_hook(in_backward);
   // A pointer, not std::optional: GCC 12 at -O2 saw an optional DDP as maybe uninitialized (-Werror).
   std::unique_ptr<cohort::ddp::DistributedDataParallel<Net>> ddp;
+  auto forward = [&](const torch::Tensor& x) {
+    if (zero_stage < 2) return (*ddp)(x);
+    auto hidden = torch::tanh(net->a(x));
+    hidden.register_hook(in_backward);
+    return net->b(hidden);
+  };
+
   std::int64_t committed = 0;
   int held = 0;
   std::vector<torch::Tensor> before_last;
@@ -175,14 +206,20 @@ int main(int argc, char** argv) {
     try {
       if (q.changed) {
         ddp.reset();  // its hooks go before the new DDP adds its own
-        ddp = std::make_unique<cohort::ddp::DistributedDataParallel<Net>>(net, q.group);
+        if (zero_stage > 0) zero.on_quorum(q);
+        if (zero_stage < 2) ddp = std::make_unique<cohort::ddp::DistributedDataParallel<Net>>(net, q.group);
       }
       auto index = torch::tensor(sampler.indices(step, q.rank, q.size), torch::kLong);
-      auto loss = torch::nn::functional::cross_entropy((*ddp)(inputs.index_select(0, index)),
+      auto x = inputs.index_select(0, index);
+      auto loss = torch::nn::functional::cross_entropy(forward(x),
                                                        labels.index_select(0, index)) *
                   sampler.loss_weight(step, q.rank, q.size);
-      optimizer.zero_grad();
+      if (zero_stage > 0)
+        zero.zero_grad();
+      else
+        optimizer.zero_grad();
       loss.backward();
+      if (zero_stage > 0) zero.average_over_replicas();
     } catch (const cohort::Error& e) {
       std::printf("replica %d: step %lld failed: %s\n", my_id, static_cast<long long>(step),
                   std::string(e.what()).substr(0, 160).c_str());
@@ -195,7 +232,13 @@ int main(int argc, char** argv) {
     if (dies_at("vote", step)) raise(SIGKILL);
     if (replicas.end_step(ok)) {
       if (step == steps - 1) before_last = parameters_of(net);
-      optimizer.step();
+      if (dies_at("optimizer", step)) raise(SIGKILL);
+      if (zero_stage == 0) {
+        optimizer.step();
+      } else if (!zero.step(replicas)) {
+        std::printf("replica %d: discarded its state after step %lld\n", my_id, static_cast<long long>(step));
+        std::fflush(stdout);
+      }
       ++committed;
     }
   }
