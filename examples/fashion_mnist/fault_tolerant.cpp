@@ -1,5 +1,6 @@
 // The fault-tolerant loop (--fault-tolerance, docs/fault_tolerance.md). Each step:
-// a quorum of the live replicas (a new DDP when it changed), this replica's share of
+// a quorum of the live replicas (a new DDP, or sharded optimizer, when it changed;
+// fault_tolerant_optimizer.h), this replica's share of
 // the step's global batch, forward and backward, and the optimizer step only when
 // every member succeeded. Checkpoints (--checkpoint-dir) are written over the
 // quorum's group and loaded when a quorum has no trained replica in it: the job's
@@ -23,11 +24,11 @@
 #include "cohort/checkpoint/state_dict.h"
 #include "cohort/checkpoint/torch_format.h"
 #include "cohort/data/fashion_mnist.h"
-#include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/fault_tolerance/replica_group.h"
 #include "cohort/fault_tolerance/step_sampler.h"
 #include "cohort/fault_tolerance/training_state.h"
 #include "evaluate.h"
+#include "fault_tolerant_optimizer.h"
 #include "mixed_precision.h"
 #include "model.h"
 
@@ -38,12 +39,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::unique_ptr<torch::optim::Optimizer> make(const TrainerOptions& o, FashionNet& model) {
-  if (o.optimizer == "sgd")
-    return std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9));
-  return std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(o.lr));
-}
-
 double learning_rate(const TrainerOptions& o, double fraction_done) {
   if (o.schedule == "constant") return o.lr;
   return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(fraction_done, 0.0, 1.0)));
@@ -52,16 +47,15 @@ double learning_rate(const TrainerOptions& o, double fraction_done) {
 // One step's forward and backward on this replica's share; false when a peer failed.
 // Under --amp bf16 the forward and the loss run in autocast (Note [What fault
 // tolerance composes with]: autocast keeps no state, so a lost replica loses none).
-bool forward_backward(cohort::ddp::DistributedDataParallel<FashionNet>& ddp, torch::optim::Optimizer& optimizer,
-                      const MixedPrecision& precision, cohort::data::FashionMnist& data,
-                      const std::vector<std::int64_t>& indices, double weight, double& loss_out) {
+bool forward_backward(FaultTolerantOptimizer& optimizer, const MixedPrecision& precision,
+                      cohort::data::FashionMnist& data, const std::vector<std::int64_t>& indices, double weight, double& loss_out) {
   try {
     auto batch = data.get_batch(std::vector<std::size_t>(indices.begin(), indices.end()));
     optimizer.zero_grad();
     at::Tensor loss;
     {
       const auto autocast = precision.autocast();
-      loss = torch::nn::functional::cross_entropy(ddp(batch.data), batch.target);
+      loss = torch::nn::functional::cross_entropy(optimizer.forward(batch.data), batch.target);
     }
     (loss * weight).backward();
     loss_out = loss.item<double>();
@@ -82,9 +76,10 @@ int train_fault_tolerant(const TrainerOptions& o) {
   auto replicas = ft::ReplicaGroup::join(
       ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment())
           .configuration(fmt::format("batch-size {} epochs {} limit-train-batches {} max-steps {} optimizer {} lr {} "
-                                     "schedule {} seed {} amp {} memory-format {} activation-checkpointing {}",
+                                     "schedule {} seed {} amp {} memory-format {} activation-checkpointing {} zero {}",
                                      o.batch_size, o.epochs, o.limit_train_batches, o.max_steps, o.optimizer, o.lr,
-                                     o.schedule, o.seed, o.amp, o.memory_format, o.activation_checkpointing)));
+                                     o.schedule, o.seed, o.amp, o.memory_format, o.activation_checkpointing, o.zero))
+          .shards_per_replica(o.shards_per_replica));
   const int id = replicas.replica_id();
   cohort::data::FashionMnist train_set(o.data_dir, cohort::data::FashionMnist::Split::kTrain);
   cohort::data::FashionMnist test_set(o.data_dir, cohort::data::FashionMnist::Split::kTest);
@@ -92,11 +87,11 @@ int train_fault_tolerant(const TrainerOptions& o) {
   FashionNet model;
   if (o.memory_format == "channels-last") model->use_channels_last();
   if (o.activation_checkpointing) model->use_activation_checkpointing();
-  auto optimizer = make(o, model);
+  FaultTolerantOptimizer optimizer(o, model);
   // bf16 only (options.cpp refuses fp16 here), so the scaler, and its group, are unused.
   const MixedPrecision precision(o, torch::kCPU, cohort::comm::Group());
-  replicas.on_transfer([&](std::ostream& out) { ft::save_training_state(out, *model, optimizer.get()); },
-                       [&](std::istream& in) { ft::load_training_state(in, *model, optimizer.get()); });
+  replicas.on_transfer([&](std::ostream& out) { optimizer.save_state(out); },
+                       [&](std::istream& in) { optimizer.load_state(in); });
 
   // Note [A global batch per step]: --batch-size per replica of the full job.
   const auto global_batch = static_cast<std::int64_t>(o.batch_size) * replicas.max_replicas();
@@ -112,8 +107,6 @@ int train_fault_tolerant(const TrainerOptions& o) {
   auto sampler_step = [&](std::int64_t s) { return (s / per_epoch) * sampler.steps_per_epoch() + s % per_epoch; };
 
   std::cout << fmt::format("replica {}: incarnation {} pid {}", id, replicas.incarnation(), getpid()) << std::endl;
-  // A pointer, not std::optional: GCC 12 at -O2 saw an optional DDP as maybe uninitialized (-Werror).
-  std::unique_ptr<cohort::ddp::DistributedDataParallel<FashionNet>> ddp;
   std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer;
   std::int64_t committed = 0;
   double loss = 0;
@@ -129,13 +122,10 @@ int train_fault_tolerant(const TrainerOptions& o) {
     bool ok = true;
     try {
       if (q->changed) {
-        ddp.reset();
-        ddp = std::make_unique<cohort::ddp::DistributedDataParallel<FashionNet>>(model, q->group);
-        if (!o.checkpoint_dir.empty())
-          checkpointer = std::make_unique<cohort::checkpoint::Checkpointer>(
-              o.checkpoint_dir, q->group, cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
+        optimizer.on_quorum(*q);
+        if (!o.checkpoint_dir.empty()) checkpointer = optimizer.checkpointer(o.checkpoint_dir, o.keep_checkpoints, *q);
         if (q->fresh_start && checkpointer) {
-          if (auto restored = checkpointer->load_latest(*model, *optimizer, torch::kCPU)) {
+          if (auto restored = checkpointer->load_latest(*model, optimizer.optimizer(), torch::kCPU)) {
             replicas.resume_at(restored->progress.step);
             std::cout << fmt::format("replica {}: resuming from {} (step {})", id, restored->path,
                                      restored->progress.step)
@@ -153,20 +143,28 @@ int train_fault_tolerant(const TrainerOptions& o) {
     }
     if (replicas.step() != step) continue;  // resumed from a checkpoint: begin that step
     const auto s = sampler_step(step);
-    optimizer->param_groups()[0].options().set_lr(learning_rate(o, static_cast<double>(step) / run_steps));
-    ok = ok && forward_backward(*ddp, *optimizer, precision, train_set, sampler.indices(s, q->rank, q->size),
+    if (ok) optimizer.set_lr(learning_rate(o, static_cast<double>(step) / run_steps));
+    ok = ok && forward_backward(optimizer, precision, train_set, sampler.indices(s, q->rank, q->size),
                                 sampler.loss_weight(s, q->rank, q->size), loss);
+    ok = optimizer.after_backward(*q, ok);  // whether or not it failed here
     if (!replicas.end_step(ok)) continue;
-    optimizer->step();
     ++committed;
+    if (!optimizer.step(replicas)) {
+      std::cout << fmt::format("replica {}: a rank of its replica was lost while stepping; this rank takes the state "
+                               "of a live replica",
+                               id)
+                << std::endl;
+      continue;
+    }
     const auto done = replicas.step();
-    if (checkpointer && (done == total || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))) {
+    const bool due = done == total || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0);
+    if (checkpointer && due && optimizer.writes_checkpoints(*q)) {
       try {
         cohort::checkpoint::TrainingProgress progress;
         progress.step = done;
         progress.epoch = done / per_epoch;
         progress.epoch_step = done % per_epoch;
-        checkpointer->save(*model, *optimizer, progress, torch::kCPU);
+        checkpointer->save(*model, optimizer.optimizer(), progress, torch::kCPU);
       } catch (const cohort::CommError& e) {
         // A member died while saving: the quorum re-forms at the next step, and the
         // next checkpoint is written by the survivors.

@@ -90,7 +90,11 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   app.add_flag("--fault-tolerance", o.fault_tolerance,
                "Survive a lost replica in-process: the others redo the step and go on, a replacement takes the "
                "weights from a live one; start with `cohort run --fault-tolerance in-process` "
-               "(docs/fault_tolerance.md). --batch-size is then per replica of the full job");
+               "(docs/fault_tolerance.md). --batch-size is then per rank of the full job");
+  app.add_option("--shards-per-replica", o.shards_per_replica,
+                 "With --fault-tolerance and --zero 1 or 2: each replica is this many ranks, which shard the "
+                 "optimizer among themselves; a lost rank costs its replica, not the job (docs/fault_tolerance.md)")
+      ->check(CLI::Range(1, 1 << 16));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -148,9 +152,12 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     auto alone = [&](bool given, const std::string& flag, const std::string& why) {
       if (given) refuse("--fault-tolerance with " + flag + ": " + why);
     };
-    alone(o.zero != 0, "--zero " + std::to_string(o.zero),
-          "a lost replica would take its shard of the optimizer state with it; use --zero 0 (DDP) with "
-          "--fault-tolerance");
+    alone(o.zero == 3, "--zero 3", "sharded parameters are not wired into the fault-tolerant loop; use --zero 1 or 2 "
+          "with --shards-per-replica 2 or more");
+    alone((o.zero == 1 || o.zero == 2) && o.shards_per_replica < 2, "--zero " + std::to_string(o.zero),
+          "shards over the ranks of one replica, and a replica of one rank would take its shard of the optimizer "
+          "state with it; add --shards-per-replica 2 (or more), so that each replica is several ranks and a lost "
+          "rank's shard lives on in the other replicas");
     alone(o.pipeline_stages > 1, "--pipeline-stages", "a lost stage cannot be redone by the other stages; use "
           "--pipeline-stages 1");
     alone(o.data_parallel_replicas > 1, "--data-parallel-replicas",
@@ -162,6 +169,9 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     alone(o.device != "cpu", "--device " + o.device, "the replica group's collectives run on Gloo; use --device cpu");
     alone(o.straggler_every > 0, "--straggler-every", "straggler reports are collectives over a fixed world");
   }
+  if (o.shards_per_replica > 1 && (!o.fault_tolerance || o.zero == 0))
+    refuse("--shards-per-replica " + std::to_string(o.shards_per_replica) + " cuts fault-tolerant replicas for "
+           "ZeRO; it needs --fault-tolerance and --zero 1 or 2");
   if (o.pipeline_stages > 1 && o.microbatches > o.batch_size)
     refuse("--microbatches " + std::to_string(o.microbatches) + " is more than --batch-size " +
            std::to_string(o.batch_size) + "; every micro-batch needs a sample");

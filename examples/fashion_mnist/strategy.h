@@ -10,7 +10,9 @@
 //   replicas.cpp        one process, N replicas (cohort::dp::DataParallel)
 //   mixed_precision.cpp --amp, used by each of them
 //   fault_tolerant.cpp  --fault-tolerance: its own loop over the live replicas
-//                       (cohort::fault_tolerance), DDP re-formed when they change
+//                       (cohort::fault_tolerance), DDP re-formed when they change;
+//   fault_tolerant_optimizer.cpp  its optimizer: whole, or sharded inside each
+//                       replica (--zero 1|2 --shards-per-replica K)
 #include <ATen/core/Dict.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>

@@ -253,11 +253,51 @@ TEST(Quorum, WithShardsPerReplicaANewestStateThatCannotJoinIsNamed) {
     ft::form_quorum(*s, 2, {0, 0, -1}, sharded_rules(50ms, 300ms));
     FAIL() << "a quorum left the newest state out";
   } catch (const cohort::TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("the newest state (step 5) is held only by ranks whose replica of 2 is not "
-                                         "whole; [2] are missing"),
+    EXPECT_NE(std::string(e.what()).find("the newest state (step 5) of some shard is held only by ranks whose replica "
+                                         "of 2 is not whole; [2] are missing"),
               std::string::npos)
         << e.what();
   }
+}
+
+// Rank 3 died in a step; rank 2 and the replacement 3' make replica 1 whole, but
+// neither holds shard 1 of step 4. Rank 1 does, and its replica waits for rank 0,
+// still stuck in a collective with rank 2: the quorum waits for it.
+TEST(Quorum, WithShardsPerReplicaEveryShardOfTheNewestStepHasASource) {
+  auto s = store();
+  decide_quorum_one_of_four(*s);
+  s->set(ft::keys::dead(3), cohort::util::to_bytes("0"));
+  const std::vector<ft::Member> here{{1, 0, 4}, {2, 0, 4}, {3, 1, -1}};
+  std::vector<std::future<ft::QuorumRecord>> f;
+  for (const auto& m : here)
+    f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 10s)); }));
+  std::this_thread::sleep_for(400ms);
+  auto last = ft::form_quorum(*s, 2, {0, 0, 4}, sharded_rules(50ms, 10s));
+  EXPECT_EQ(last.members.size(), 4u) << last.describe();
+  EXPECT_EQ(last.shard_without_source(2), -1);
+  for (auto& each : f) EXPECT_EQ(each.get().encode(), last.encode());
+}
+
+// Ranks 1 and 3, shard 1 of both replicas, died: shard 1 of step 4 is gone. Once the
+// deadline for the missing has passed, the members say so at once.
+TEST(Quorum, WithShardsPerReplicaALostShardIsNamed) {
+  auto s = store();
+  decide_quorum_one_of_four(*s);
+  s->set(ft::keys::dead(1), cohort::util::to_bytes("0"));
+  s->set(ft::keys::dead(3), cohort::util::to_bytes("0"));
+  std::vector<std::future<ft::QuorumRecord>> f;
+  for (const ft::Member& m : {ft::Member{1, 1, -1}, ft::Member{2, 0, 4}, ft::Member{3, 1, -1}})
+    f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 3s)); }));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ft::form_quorum(*s, 2, {0, 0, 4}, sharded_rules(50ms, 3s));
+    FAIL() << "a quorum without shard 1's state formed";
+  } catch (const cohort::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("no rank holds shard 1 of the newest state (step 4)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);  // not the 3 s bound
+  EXPECT_THROW(f[1].get(), cohort::CommError);  // rank 2, a member, says the same
 }
 
 }  // namespace

@@ -52,14 +52,17 @@ TEST_P(FaultTolerantZero, EveryRankEndsAtTheReferenceWeights) {
     EXPECT_EQ(r.out.find("failed"), std::string::npos) << describe(r);
     return;
   }
+  // Note [Telling the other replicas of a failed step]: under ZeRO-2 a kill in
+  // backward reaches every rank at once, and none waits out the collective timeout.
+  if (c.stage == 2 && c.die.front().find("backward") != std::string::npos) {
+    EXPECT_EQ(r.out.find("timed out"), std::string::npos) << describe(r);
+  }
   const int dead = std::stoi(c.die.front());
-  const int partner = dead ^ 1;  // the other rank of its replica
   EXPECT_NE(r.err.find("worker " + std::to_string(dead) + " (incarnation 0"), std::string::npos) << describe(r);
-  // The replacement and its replica's survivor (left out until its replica was
-  // whole, or with its state discarded) both took the state from the other replica.
-  for (int id : {dead, partner})
-    EXPECT_TRUE(std::regex_search(r.out, std::regex("replica " + std::to_string(id) + ": done .* received 1")))
-        << "rank " << id << "\n" << describe(r);
+  // The replacement took its shard from the other replica (its partner too, when it
+  // had fallen behind or discarded its state: the partner tests check that).
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("replica " + std::to_string(dead) + ": done .* received 1")))
+      << describe(r);
 }
 
 INSTANTIATE_TEST_SUITE_P(

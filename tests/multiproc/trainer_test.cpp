@@ -609,9 +609,17 @@ namespace {
 // to both runs; the survivor's weights are written to `survived`, and the one
 // process's to `alone`. When `a_step_shows` is false, the tolerance is wider than
 // one step's change (bfloat16's rounding of split batches), and only the step
-// counters prove that no step was lost or applied twice.
+// counters prove that no step was lost or applied twice. `job` sizes the
+// fault-tolerant job and names the rank killed; rank 0 must survive (it reports).
+struct FaultTolerantJob {
+  int ranks = 2;   // each trains 64 / ranks samples of the global batch of 64
+  int victim = 1;
+  std::vector<std::string> args;  // for the job only, not the one process
+};
+
 void lose_a_replica(const TempDir& dir, const std::vector<std::string>& extra, const std::string& alone,
-                    const std::string& survived, double tolerance, bool a_step_shows = true) {
+                    const std::string& survived, double tolerance, bool a_step_shows = true,
+                    FaultTolerantJob shape = {}) {
   // 40 steps: long enough for the kill to land mid-run, short enough that rounding
   // (two halves summed, not one batch) stays within the tolerance.
   std::vector<std::string> args = {"--fault-tolerance", "--epochs", "1",   "--limit-train-batches", "40",
@@ -632,20 +640,24 @@ void lose_a_replica(const TempDir& dir, const std::vector<std::string>& extra, c
     ASSERT_GT(max_difference(alone, one_step_short), 10 * tolerance);
   }
 
-  std::vector<std::string> argv{COHORT_CLI_PATH,   "run",        "--nproc-per-node", "2", "--fault-tolerance",
-                                "in-process",      "--max-restarts", "1", "--stop-timeout", "3",
-                                COHORT_TRAINER_PATH, "--batch-size", "32", "--save-final", survived};
+  std::vector<std::string> argv{COHORT_CLI_PATH,     "run",          "--nproc-per-node", std::to_string(shape.ranks),
+                                "--fault-tolerance", "in-process",   "--max-restarts",   "1",
+                                "--stop-timeout",    "3",            COHORT_TRAINER_PATH, "--batch-size",
+                                std::to_string(64 / shape.ranks),    "--save-final",     survived};
   argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), shape.args.begin(), shape.args.end());
   cohort::testing::Subprocess job(argv, {{"OMP_NUM_THREADS", "1"}, {"COHORT_FT_COLLECTIVE_TIMEOUT", "10"},
                                          {"COHORT_FT_QUORUM_TIMEOUT", "3"}});
   std::smatch m;
-  const std::regex started("replica 1: incarnation 0 pid (\\d+)[\\s\\S]*replica 1: training in quorum 1");
+  const auto victim = std::to_string(shape.victim);
+  const std::regex started("replica " + victim + ": incarnation 0 pid (\\d+)[\\s\\S]*replica " + victim +
+                           ": training in quorum 1");
   ASSERT_TRUE(job.read_until([&](const std::string& out) { return std::regex_search(out, m, started); }, 120s))
       << job.out() << job.err();
   ::kill(std::stoi(m[1]), SIGKILL);
   auto r = job.finish(240s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_NE(r.err.find("worker 1 (incarnation 0"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("worker " + victim + " (incarnation 0"), std::string::npos) << describe(r);
   // Replica 0 never died: it committed every step once, and redid the one in flight.
   std::smatch s;
   ASSERT_TRUE(std::regex_search(r.out, s, std::regex(R"("aborted_steps":(\d+),"committed_here":(\d+))"))) << describe(r);
@@ -666,6 +678,17 @@ TEST(Trainer, FaultTolerantRunLosesAReplicaAndEndsAtTheOneProcessWeights) {
 // halves of a batch rounded to bfloat16 apart are not the whole batch rounded once,
 // and over 40 steps that drifted 0.022 here, about one step's change (0.01-0.02),
 // so the weights cannot tell a lost step; the counters do.
+// --zero 2 --shards-per-replica 2 (docs/fault_tolerance.md, "ZeRO inside a
+// replica"): four ranks, two replicas that each shard the optimizer state and the
+// gradients over their two ranks. Rank 3 is killed: its replica is left out until
+// the replacement comes, both its ranks then take their shard from replica 0, and
+// rank 0 commits every step once and ends at the one-process weights.
+TEST(Trainer, FaultTolerantZero2RunLosesARankAndEndsAtTheOneProcessWeights) {
+  TempDir dir("cohort-trainer");
+  lose_a_replica(dir, {}, dir.path + "/alone.pt", dir.path + "/survived.pt", kAcrossWorldSizes, true,
+                 FaultTolerantJob{4, 3, {"--zero", "2", "--shards-per-replica", "2"}});
+}
+
 TEST(Trainer, FaultTolerantRunUnderBf16AutocastLosesAReplicaAndEndsNearTheOneProcessWeights) {
   TempDir dir("cohort-trainer");
   const auto alone = dir.path + "/alone.pt", survived = dir.path + "/survived.pt";
@@ -715,6 +738,7 @@ TEST(Trainer, FaultTolerantRunResumesFromDiskWhenNoReplicaIsLeft) {
 
 TEST(Trainer, FaultToleranceFlagsThatCannotWorkExitTwo) {
   for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero", "1"},
+                                                                  {"--zero", "3", "--shards-per-replica", "2"},
                                                                   {"--pipeline-stages", "2"},
                                                                   {"--data-parallel-replicas", "2"},
                                                                   {"--amp", "fp16", "--device", "cuda"},
@@ -724,6 +748,17 @@ TEST(Trainer, FaultToleranceFlagsThatCannotWorkExitTwo) {
     auto r = cohort::testing::run_process(argv, 30s);
     EXPECT_EQ(r.exit_code, 2) << describe(r);
     EXPECT_NE(r.err.find("--fault-tolerance with " + extra[0]), std::string::npos) << describe(r);
+  }
+  // --zero 1 alone names the way through: replicas of several ranks.
+  auto zero = cohort::testing::run_process({COHORT_TRAINER_PATH, "--fault-tolerance", "--zero", "1"}, 30s);
+  EXPECT_NE(zero.err.find("add --shards-per-replica 2"), std::string::npos) << describe(zero);
+  // --shards-per-replica cuts fault-tolerant replicas for ZeRO, and means nothing without both.
+  for (const auto& argv : std::vector<std::vector<std::string>>{
+           {COHORT_TRAINER_PATH, "--shards-per-replica", "2", "--zero", "1"},
+           {COHORT_TRAINER_PATH, "--shards-per-replica", "2", "--fault-tolerance"}}) {
+    auto r = cohort::testing::run_process(argv, 30s);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_NE(r.err.find("it needs --fault-tolerance and --zero 1 or 2"), std::string::npos) << describe(r);
   }
 }
 

@@ -38,6 +38,20 @@ std::int64_t QuorumRecord::max_step() const {
   return best;
 }
 
+int QuorumRecord::source_of(int shard, int shards) const {
+  const auto top = max_step();
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].step == top && members[i].id % shards == shard) return static_cast<int>(i);
+  return -1;
+}
+
+int QuorumRecord::shard_without_source(int shards) const {
+  if (max_step() < 0) return -1;
+  for (const auto& m : members)
+    if (source_of(m.id % shards, shards) < 0) return m.id % shards;
+  return -1;
+}
+
 std::string QuorumRecord::describe() const {
   std::vector<int> ids;
   for (const auto& m : members) ids.push_back(m.id);
@@ -170,12 +184,25 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
     // Note [Sharding inside a replica]: never leave out the newest state. A rank that
     // holds a later step than every whole replica here waits for its replica to be
     // whole (its missing rank arrives, or dies and is replaced).
+    // And every shard of the proposal has a source at its newest step: a rank of a
+    // shard may arrive late, stuck in a collective with a rank that failed.
     const bool keeps_newest = top_step(whole) >= top_step(arrived);
-    if (may_decide && enough && keeps_newest && (missing.empty() || waited >= rules.wait_for_expected)) {
-      QuorumRecord proposal;
-      proposal.id = target;
+    QuorumRecord proposal;
+    proposal.id = target;
+    for (auto& [id, m] : whole) proposal.members.push_back(m);
+    const int unsourced = proposal.shard_without_source(rules.shards_per_replica);
+    if (may_decide && enough && keeps_newest && unsourced >= 0 && missing.empty() && waited >= rules.wait_for_expected)
+      // Every member of the last quorum is here or dead, and a rank left out of it
+      // (it comes to every quorum) had the deadline to arrive: no rank that could
+      // give that shard is coming, and its state at that step is lost.
+      throw CommError(fmt::format("cohort: fault tolerance: quorum {} cannot form: no rank holds shard {} of the "
+                                  "newest state (step {}); every rank that held it was lost before its replica was "
+                                  "whole again (Note [Sharding inside a replica])\n  fix: restart the job; it "
+                                  "resumes from its newest checkpoint on disk",
+                                  target, unsourced, proposal.max_step()));
+    if (may_decide && enough && keeps_newest && unsourced < 0 &&
+        (missing.empty() || waited >= rules.wait_for_expected)) {
       proposal.join_requests = store.add(keys::join_requests(), 0);
-      for (auto& [id, m] : whole) proposal.members.push_back(m);
       store.compareSet(members_key, {}, util::to_bytes(proposal.encode()));
       break;
     }
@@ -189,10 +216,11 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
             "fault-tolerant join", {});
       std::vector<int> here;
       for (auto& [id, m] : arrived) here.push_back(id);
-      if (enough && !keeps_newest)
+      if (enough && (!keeps_newest || unsourced >= 0))
         throw TimeoutError(
             fmt::format("cohort: fault tolerance: quorum {} cannot form after {:.0f} s: ranks [{}] arrived, but the "
-                        "newest state (step {}) is held only by ranks whose replica of {} is not whole; [{}] are "
+                        "newest state (step {}) of some shard is held only by ranks whose replica of {} is not "
+                        "whole; [{}] are "
                         "missing (dead or stopped)\n  fix: see why those ranks died (the launcher's log); the job "
                         "resumes from its newest checkpoint when restarted",
                         target, std::chrono::duration<double>(waited).count(), fmt::join(here, ", "),

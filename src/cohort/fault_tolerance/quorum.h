@@ -78,6 +78,11 @@ struct QuorumRecord {
 
   int index_of(int replica_id) const;  // -1 when not a member
   std::int64_t max_step() const;
+  // Note [Sharding inside a replica]: the index of the lowest-id member of `shard`
+  // (its id modulo `shards`) at max_step(), or -1; and a shard of a member that has
+  // no such source, or -1. Nobody has state to give at a max_step() below 0.
+  int source_of(int shard, int shards) const;
+  int shard_without_source(int shards) const;
   std::string describe() const;  // "quorum 3: replicas 0, 2 (step 41)"
   std::string encode() const;
   static QuorumRecord decode(std::int64_t id, const std::string& text);

@@ -460,9 +460,10 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   const bool behind = std::any_of(record.members.begin(), record.members.end(),
                                   [&](const Member& m) { return m.step < record.max_step(); });
   const int k = options_.shards_per_replica();
-  if (behind && shard_without_source(record, k) >= 0) {
-    // Every member reads the same record, so every member stops here alike.
-    const int lost = shard_without_source(record, k);
+  if (behind && record.shard_without_source(k) >= 0) {
+    // form_quorum decides no such quorum; a record written otherwise stops every
+    // member alike.
+    const int lost = record.shard_without_source(k);
     throw CommError(fmt::format("cohort: fault tolerance: {} cannot train: no live rank holds shard {} of the state "
                                 "at step {} (every rank that held it was lost before its replica was whole again; "
                                 "Note [Sharding inside a replica])\n  fix: restart the job; it resumes from its "

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cohort/errors.h"
+#include "cohort/zero/partition.h"
 
 namespace cohort::fault_tolerance {
 
@@ -33,6 +34,18 @@ void ReplicaShardedOptimizer::on_quorum(const Quorum& q) {
     throw ConfigError("cohort: fault tolerance: ReplicaShardedOptimizer needs replicas of several ranks: make the "
                       "ReplicaGroup with ReplicaGroupOptions().shards_per_replica(k), k > 1 (one rank per replica "
                       "has nothing to shard over; use the optimizer itself)");
+  // First, so that a rank whose optimizer fails to build still tells its peers
+  // (Note [Telling the other replicas of a failed step]).
+  quorum_ = q.id;
+  peers_ = q.peer_group;
+  replicas_ = q.replicas;
+  shard_ = q.shard;
+  std::vector<std::int64_t> bytes;
+  for (const auto& p : parameters_) bytes.push_back(static_cast<std::int64_t>(p.numel()) * p.element_size());
+  const auto owner = zero::partition_by_size(bytes, q.shard_group.size());
+  mine_.clear();
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    if (owner[i] == q.shard && parameters_[i].requires_grad()) mine_.push_back(parameters_[i]);
   auto next = std::make_unique<zero::ShardedOptimizer>(parameters_, q.shard_group, make_, options_);
   const auto layout = next->shard_layout();
   if (received_) {
@@ -57,39 +70,58 @@ void ReplicaShardedOptimizer::on_quorum(const Quorum& q) {
     next->set_lr(current_->lr());
   }
   current_ = std::move(next);
-  peers_ = q.peer_group;
-  replicas_ = q.replicas;
-  shard_ = q.shard;
 }
 
 // Note [ZeRO-2 gradients] (zero/gradient_sharder.h) left the owner with the mean over
 // its replica's k ranks; the mean over the replicas of those is the mean over every
 // rank. A parameter no rank of any replica used keeps its gradient undefined (one
-// more element per parameter carries the votes, as the sharder's do).
-void ReplicaShardedOptimizer::average_over_replicas() {
-  auto& opt = optimizer();
-  if (!options_.shard_gradients() || replicas_ == 1) return;
+// more element per parameter carries the votes, as the sharder's do), and the last
+// element counts the ranks whose step failed.
+bool ReplicaShardedOptimizer::average_over_replicas(const Quorum& q, bool ok) {
+  if (!options_.shard_gradients() || q.replicas == 1) return ok;
+  last_failure_ = "this rank's step failed";
+  if (q.id != quorum_) {
+    // on_quorum() failed before it began, or was not called: no peer waits on this rank.
+    if (!ok) return false;
+    throw ConfigError(fmt::format("cohort: fault tolerance: ReplicaShardedOptimizer::average_over_replicas() in "
+                                  "quorum {}, but on_quorum() last ran for quorum {}\n  fix: call on_quorum(q) "
+                                  "whenever begin_step()'s quorum has `changed`",
+                                  q.id, quorum_));
+  }
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> mine;
-  for (const auto& p : opt.shard())
-    if (p.requires_grad()) mine.push_back(p);
-  if (mine.empty()) return;
   std::int64_t numel = 0;
-  for (const auto& p : mine) numel += p.numel();
-  auto flat = at::zeros({numel + static_cast<std::int64_t>(mine.size())}, mine.front().options());
+  for (const auto& p : mine_) numel += p.numel();
+  const auto votes = static_cast<std::int64_t>(mine_.size());
+  const auto options = mine_.empty() ? parameters_.front().options() : mine_.front().options();
+  auto flat = at::zeros({numel + votes + 1}, options);
   std::int64_t offset = 0;
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    const auto& g = mine[i].grad();
+  for (std::size_t i = 0; i < mine_.size() && ok; ++i) {
+    const auto& g = mine_[i].grad();
     if (g.defined()) {
-      flat.narrow(0, offset, mine[i].numel()).copy_(g.reshape({-1}));
+      flat.narrow(0, offset, mine_[i].numel()).copy_(g.reshape({-1}));
       flat[numel + static_cast<std::int64_t>(i)] = 1;
     }
-    offset += mine[i].numel();
+    offset += mine_[i].numel();
   }
-  peers_.all_reduce(flat);
+  if (!ok) flat[numel + votes] = 1;
+  try {
+    peers_.all_reduce(flat);
+  } catch (const CommError& e) {
+    last_failure_ = e.what();
+    return false;
+  } catch (const TimeoutError& e) {
+    last_failure_ = e.what();
+    return false;
+  }
+  if (!ok) return false;
+  if (flat[numel + votes].item<double>() > 0) {
+    last_failure_ = "the step failed on a rank of another replica";
+    return false;
+  }
+  last_failure_.clear();
   offset = 0;
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    auto& p = mine[i];
+  for (std::size_t i = 0; i < mine_.size(); ++i) {
+    auto& p = mine_[i];
     if (flat[numel + static_cast<std::int64_t>(i)].item<double>() > 0) {
       auto mean = flat.narrow(0, offset, p.numel()).view(p.sizes()).div(replicas_);
       if (p.grad().defined())
@@ -99,6 +131,7 @@ void ReplicaShardedOptimizer::average_over_replicas() {
     }
     offset += p.numel();
   }
+  return true;
 }
 
 bool ReplicaShardedOptimizer::step(ReplicaGroup& replicas) {

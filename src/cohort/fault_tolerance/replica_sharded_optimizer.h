@@ -18,8 +18,8 @@
 //       }
 //       zero.zero_grad();
 //       loss_of(batch).backward();
-//       zero.average_over_replicas();                  // ZeRO-2: this shard over the replicas
 //     } catch (const cohort::CommError&) { ok = false; } catch (const cohort::TimeoutError&) { ok = false; }
+//     ok = zero.average_over_replicas(q, ok);          // ZeRO-2: this shard over the replicas
 //     if (replicas.end_step(ok)) zero.step(replicas);
 //   }
 //
@@ -36,6 +36,18 @@
 // inside one replica, so every other replica completes it. A rank whose broadcast
 // completed holds a whole model at s+1 (each parameter it did not step arrived from
 // its owner), whatever happened to the others.
+//
+// Note [Telling the other replicas of a failed step]
+// Under ZeRO-2 a step's collectives are two levels deep: the reduce of each gradient
+// to its owner inside the replica, then the all-reduce of each shard over the
+// replicas. When a rank dies, only its direct peers fail at once: its replica's
+// reduce, and its own shard's all-reduce. The other shards' all-reduce waits for
+// the dead rank's replica-mates, which abandoned the step when their reduce failed,
+// and would hold the other replica until collective_timeout (10 s where a death
+// otherwise costs milliseconds; found by the trainer's kill -9 test). So every rank
+// takes part in its shard's all-reduce whether or not its step failed, with one more
+// element that counts the failures: a peer learns of the failure from the sum, at
+// once, and the step aborts everywhere.
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -62,9 +74,14 @@ class ReplicaShardedOptimizer {
   void on_quorum(const Quorum& q);
   // ZeRO-2 (shard_gradients): sums this rank's shard of the gradients over
   // q.peer_group and divides by the replicas, so that it is the mean over every rank
-  // of the quorum. Collective: after backward, inside the step's try. ZeRO-1 (DDP
-  // over q.group already averaged every gradient): nothing.
-  void average_over_replicas();
+  // of the quorum. Collective, after backward, and called whether or not this rank's
+  // step succeeded so far (`ok`; Note [Telling the other replicas of a failed
+  // step]). Returns false when this rank or a peer failed, or the all-reduce did.
+  // ZeRO-1 (DDP over q.group already averaged every gradient): returns `ok`.
+  bool average_over_replicas(const Quorum& q, bool ok);
+  // Why the last average_over_replicas() returned false, for logs: the all-reduce's
+  // own error, or that a peer's step failed.
+  const std::string& last_failure() const { return last_failure_; }
   // After end_step() returned true: steps this rank's shard and broadcasts it inside
   // the replica. Returns false, having told `replicas` to discard this rank's state,
   // when that broadcast failed (Note [A step that is collective after the commit]).
@@ -94,8 +111,11 @@ class ReplicaShardedOptimizer {
   zero::ShardedOptimizerOptions options_;
   std::unique_ptr<zero::ShardedOptimizer> current_;
   comm::Group peers_;
+  std::int64_t quorum_ = -1;  // the quorum on_quorum() last ran for
   int replicas_ = 1;
   int shard_ = 0;
+  std::vector<at::Tensor> mine_;  // this rank's shard of parameters_, requiring grad
+  std::string last_failure_;
   std::optional<Received> received_;
 };
 

@@ -21,21 +21,7 @@ constexpr std::int64_t kFormat = 1;
                                 replica, what));
 }
 
-// The index of the lowest-id member of `shard` at the highest step, or -1.
-int source_of(const QuorumRecord& record, int shard, int shards) {
-  const auto top = record.max_step();
-  for (size_t i = 0; i < record.members.size(); ++i)
-    if (record.members[i].step == top && record.members[i].id % shards == shard) return static_cast<int>(i);
-  return -1;
-}
-
 }  // namespace
-
-int shard_without_source(const QuorumRecord& record, int shards_per_replica) {
-  for (const auto& m : record.members)
-    if (source_of(record, m.id % shards_per_replica, shards_per_replica) < 0) return m.id % shards_per_replica;
-  return -1;
-}
 
 TransferResult transfer_state(comm::Group& group, const QuorumRecord& record, int index, std::int64_t step,
                               const std::function<void(std::ostream&)>& save,
@@ -44,7 +30,7 @@ TransferResult transfer_state(comm::Group& group, const QuorumRecord& record, in
   const auto top = record.max_step();
   const auto& me = record.members[static_cast<size_t>(index)];
   const int shard = me.id % shards_per_replica;
-  const int source = source_of(record, shard, shards_per_replica);
+  const int source = record.source_of(shard, shards_per_replica);
   TORCH_CHECK(source >= 0, "transfer_state: no source for shard ", shard, " (check shard_without_source first)");
   if (index == source) {
     if (!save) missing("send", me.id);

@@ -28,11 +28,6 @@ struct TransferResult {
   std::int64_t bytes = 0;
 };
 
-// The shard (id modulo shards_per_replica) whose state no member of `record` holds at
-// the quorum's highest step, or -1. Such a quorum cannot train: that shard's state
-// at that step was lost with every rank that held it.
-int shard_without_source(const QuorumRecord& record, int shards_per_replica);
-
 // Collective over `group` (the quorum `record`, where this replica is `index`).
 // Throws ConfigError when a transfer is due and `save` (on the source) or `load`
 // (on a receiver) is missing, CommError/TimeoutError when a peer fails.

@@ -219,7 +219,6 @@ int main(int argc, char** argv) {
       else
         optimizer.zero_grad();
       loss.backward();
-      if (zero_stage > 0) zero.average_over_replicas();
     } catch (const cohort::Error& e) {
       std::printf("replica %d: step %lld failed: %s\n", my_id, static_cast<long long>(step),
                   std::string(e.what()).substr(0, 160).c_str());
@@ -227,6 +226,13 @@ int main(int argc, char** argv) {
     } catch (const c10::Error& e) {
       std::printf("replica %d: step %lld failed: %s\n", my_id, static_cast<long long>(step),
                   e.what_without_backtrace());
+      ok = false;
+    }
+    // Whether or not this rank's step failed (Note [Telling the other replicas of a
+    // failed step]).
+    if (zero_stage > 0 && !zero.average_over_replicas(q, ok) && ok) {
+      std::printf("replica %d: step %lld failed: %s\n", my_id, static_cast<long long>(step),
+                  zero.last_failure().substr(0, 160).c_str());
       ok = false;
     }
     if (dies_at("vote", step)) raise(SIGKILL);
