@@ -708,8 +708,8 @@ TEST(Trainer, FaultTolerantRunUnderBf16AutocastLosesAReplicaAndEndsNearTheOnePro
 
 // Every replica lost (the job stopped): a new job of fault-tolerant replicas finds
 // no live state, loads the newest checkpoint from disk and goes on from its step.
-TEST(Trainer, FaultTolerantRunResumesFromDiskWhenNoReplicaIsLeft) {
-  TempDir dir("cohort-trainer");
+// `shape.args` go to both jobs (not the one process), which run `shape.ranks` ranks.
+void resume_from_disk(const TempDir& dir, const FaultTolerantJob& shape) {
   const std::vector<std::string> args = {"--fault-tolerance", "--epochs", "1",   "--limit-train-batches", "30",
                                          "--optimizer",       "sgd",      "--lr", "0.02", "--seed", "5", "--schedule", "constant",
                                          "--memory-format",   "contiguous"};
@@ -718,10 +718,12 @@ TEST(Trainer, FaultTolerantRunResumesFromDiskWhenNoReplicaIsLeft) {
       with({COHORT_TRAINER_PATH, "--batch-size", "64", "--save-final", alone}, args), 240s, {{"OMP_NUM_THREADS", "1"}});
   ASSERT_EQ(one.exit_code, 0) << describe(one);
   auto job = [&](const std::vector<std::string>& more) {
-    std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", "2", "--fault-tolerance", "in-process",
-                                  COHORT_TRAINER_PATH, "--batch-size", "32", "--checkpoint-dir", ckpt,
+    std::vector<std::string> argv{COHORT_CLI_PATH,     "run",          "--nproc-per-node", std::to_string(shape.ranks),
+                                  "--fault-tolerance", "in-process",   COHORT_TRAINER_PATH, "--batch-size",
+                                  std::to_string(64 / shape.ranks),    "--checkpoint-dir", ckpt,
                                   "--checkpoint-every", "5"};
     argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), shape.args.begin(), shape.args.end());
     argv.insert(argv.end(), more.begin(), more.end());
     return cohort::testing::run_process(argv, 240s, {{"OMP_NUM_THREADS", "1"}});
   };
@@ -734,6 +736,19 @@ TEST(Trainer, FaultTolerantRunResumesFromDiskWhenNoReplicaIsLeft) {
       << describe(second);
   EXPECT_NE(second.out.find("\"committed_here\":15"), std::string::npos) << describe(second);
   EXPECT_LT(max_difference(alone, resumed), kAcrossWorldSizes);
+}
+
+TEST(Trainer, FaultTolerantRunResumesFromDiskWhenNoReplicaIsLeft) {
+  TempDir dir("cohort-trainer");
+  resume_from_disk(dir, {});
+}
+
+// The same with ZeRO-1 inside replicas of two ranks: the quorum's first replica
+// writes each checkpoint (its optimizer gathered over its two ranks), and every
+// replica's ranks load it back, each keeping its shard.
+TEST(Trainer, FaultTolerantZero1RunResumesFromDiskWhenNoReplicaIsLeft) {
+  TempDir dir("cohort-trainer");
+  resume_from_disk(dir, {4, 0, {"--zero", "1", "--shards-per-replica", "2"}});
 }
 
 TEST(Trainer, FaultToleranceFlagsThatCannotWorkExitTwo) {
