@@ -217,3 +217,54 @@ TEST(ReplicaGroup, ShardsPerReplicaMustDivideTheRanksAndBoundMinReplicas) {
   }
   EXPECT_THROW(ft::ReplicaGroupOptions().shards_per_replica(0).validate(), cohort::ConfigError);
 }
+
+namespace {
+
+// Replica `id` of 3 trains 12 steps. Replica 2 sleeps 4 s right after it arrives
+// at quorum 1 (a SIGSTOP, for a thread): the others give up on that quorum's group
+// and train on without it. What replica 2 did in the end: "trained", "finished"
+// (the others were done), or the error that stopped it.
+std::string run_late(const c10::intrusive_ptr<c10d::Store>& store, int id) {
+  auto options = ft::ReplicaGroupOptions()
+                     .collective_timeout(2s)
+                     .quorum_timeout(1s)
+                     .start_timeout(20s)
+                     .min_replicas_timeout(20s)
+                     .on_event([id, slept = false](const std::string& event) mutable {
+                       if (id == 2 && event == "arrived q1" && !slept) {
+                         slept = true;
+                         std::this_thread::sleep_for(4s);
+                       }
+                     });
+  ft::ReplicaGroup replicas(store, store, id, 3, 0, options);
+  try {
+    while (replicas.step() < 12) {
+      replicas.begin_step();
+      std::this_thread::sleep_for(300ms);
+      replicas.end_step(true);
+    }
+    replicas.finish();
+    return "trained";
+  } catch (const ft::TrainingFinished&) {
+    return "finished";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+// Note [Gloo's rendezvous waits with the store's timeout]: the late replica reads
+// quorum 1's addresses for at most quorum_timeout, not the store's five minutes,
+// and then joins the others (or finds them finished).
+TEST(ReplicaGroup, AReplicaThatResumesAfterItsQuorumWasAbandonedDoesNotHang) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<std::string>> replicas;
+  for (int id = 0; id < 3; ++id)
+    replicas.push_back(std::async(std::launch::async, [store, id] { return run_late(store, id); }));
+  EXPECT_EQ(replicas[0].get(), "trained");
+  EXPECT_EQ(replicas[1].get(), "trained");
+  ASSERT_EQ(replicas[2].wait_for(60s), std::future_status::ready) << "the late replica hangs";
+  const auto late = replicas[2].get();
+  EXPECT_TRUE(late == "trained" || late == "finished") << late;
+}

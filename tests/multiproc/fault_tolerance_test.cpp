@@ -104,18 +104,10 @@ TEST_F(FaultTolerance, MinReplicasWaitsForTheReplacement) {
 // back, up to date, once it resumes.
 TEST_F(FaultTolerance, StoppedReplicaIsDroppedAndTakenBack) {
   cohort::testing::TempDir dir("cohort-ft");
-  cohort::testing::Subprocess job(launch(dir.path, {"--stop", "2:4"}), ft_env());
-  std::smatch m;
-  std::regex stopping("replica 2: stopping at step 4 pid (\\d+)");
-  ASSERT_TRUE(job.read_until([&](const std::string& out) { return std::regex_search(out, m, stopping); }, 60s))
-      << job.out() << job.err();
-  const pid_t pid = std::stoi(m[1]);
   // The others drop it (collective timeout 3 s, quorum timeout 2 s) and train on.
-  ASSERT_TRUE(job.read_until([](const std::string& out) { return out.find("replica 0: joined q2") != std::string::npos; },
-                             30s))
-      << job.out() << job.err();
-  ::kill(pid, SIGCONT);
-  auto r = job.finish(180s);
+  const auto run = run_with_a_stop(dir.path, 2, 4);
+  ASSERT_TRUE(run.has_value());
+  const auto& r = *run;
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_EQ(r.err.find("restarting only this worker"), std::string::npos) << "a stopped replica is not dead\n"
                                                                            << describe(r);

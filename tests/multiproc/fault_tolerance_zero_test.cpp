@@ -59,6 +59,13 @@ TEST_P(FaultTolerantZero, EveryRankEndsAtTheReferenceWeights) {
   }
   const int dead = std::stoi(c.die.front());
   EXPECT_NE(r.err.find("worker " + std::to_string(dead) + " (incarnation 0"), std::string::npos) << describe(r);
+  // One restart for the one death: no survivor stopped on an error and was replaced
+  // too (found by review: a quorum formed without the live holder of a shard).
+  std::size_t restarts = 0;
+  for (auto at = r.err.find("restarting only this worker"); at != std::string::npos;
+       at = r.err.find("restarting only this worker", at + 1))
+    ++restarts;
+  EXPECT_EQ(restarts, 1u) << describe(r);
   // The replacement took its shard from the other replica (its partner too, when it
   // had fallen behind or discarded its state: the partner tests check that).
   EXPECT_TRUE(std::regex_search(r.out, std::regex("replica " + std::to_string(dead) + ": done .* received 1")))
@@ -97,19 +104,9 @@ TEST_F(FaultTolerance, ZeroAPartnerWhoseBroadcastFailedDiscardsItsState) {
 // replica trains on, and after SIGCONT the whole replica comes back up to date.
 TEST_F(FaultTolerance, ZeroAStoppedRankTakesItsReplicaOutUntilItResumes) {
   cohort::testing::TempDir dir("cohort-ft-zero");
-  cohort::testing::Subprocess job(launch(dir.path, {"--zero", "2", "--shards-per-replica", "2", "--stop", "3:4"}, {},
-                                         kRanks),
-                                  ft_env());
-  std::smatch m;
-  std::regex stopping("replica 3: stopping at step 4 pid (\\d+)");
-  ASSERT_TRUE(job.read_until([&](const std::string& out) { return std::regex_search(out, m, stopping); }, 60s))
-      << job.out() << job.err();
-  const pid_t pid = std::stoi(m[1]);
-  ASSERT_TRUE(job.read_until([](const std::string& out) { return out.find("replica 0: joined q2") != std::string::npos; },
-                             30s))
-      << job.out() << job.err();
-  ::kill(pid, SIGCONT);
-  auto r = job.finish(180s);
+  const auto run = run_with_a_stop(dir.path, 3, 4, {"--zero", "2", "--shards-per-replica", "2"}, kRanks);
+  ASSERT_TRUE(run.has_value());
+  const auto& r = *run;
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_EQ(r.err.find("restarting only this worker"), std::string::npos) << "a stopped rank is not dead\n"
                                                                            << describe(r);

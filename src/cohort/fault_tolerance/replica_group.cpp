@@ -405,6 +405,42 @@ void ReplicaGroup::release_settled_groups() {
   stats_.groups_held = static_cast<std::int64_t>(abandoned_.size());
 }
 
+namespace {
+
+// Note [Gloo's rendezvous waits with the store's timeout]
+// Building a quorum's group, Gloo's full-mesh rendezvous reads each peer's address
+// with a plain get(), which waits for the key as long as the store's own timeout
+// (the job's join timeout: many minutes), not InitOptions::join_timeout. A member
+// stopped (SIGSTOP) right after it arrived resumes after the others gave up on that
+// quorum, and reads the address of a peer that never wrote it: it hung for as long
+// (found by review, with one rank per replica too). The members formed the quorum
+// together, so each address is there within quorum_timeout or never; for the
+// build, the store's timeout is quorum_timeout. The wait that runs out then fails
+// the group like a dead member, and the quorum's vote aborts. Over LibTorch 1.13's
+// TCPStore such a wait also breaks this connection (Note [A wait that runs out over
+// c10d's TCPStore]): the member then loses the store, exits, and is replaced; bounded
+// either way.
+class StoreTimeout {
+ public:
+  StoreTimeout(c10d::Store& store, std::chrono::milliseconds timeout) : store_(store), old_(store.getTimeout()) {
+    store_.setTimeout(timeout);
+  }
+  ~StoreTimeout() {
+    try {
+      store_.setTimeout(old_);
+    } catch (const std::exception&) {
+    }
+  }
+  StoreTimeout(const StoreTimeout&) = delete;
+  StoreTimeout& operator=(const StoreTimeout&) = delete;
+
+ private:
+  c10d::Store& store_;
+  std::chrono::milliseconds old_;
+};
+
+}  // namespace
+
 ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   Member me{id_, incarnation_, fresh_ ? -1 : step_};
   FormRules rules;
@@ -438,6 +474,7 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   q.rank = index;
   q.size = size;
   try {
+    const StoreTimeout bounded(*store_, options_.quorum_timeout());  // Note [Gloo's rendezvous waits with ...]
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(keys::quorum(target), store_);
     world_ = comm::World::init_with_store(prefixed, index, size,
                                           comm::InitOptions()

@@ -3,12 +3,14 @@
 // share: launching cohort_ft_worker under `cohort run --fault-tolerance
 // in-process`, and the one-process reference run every replica must end equal to.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -98,6 +100,33 @@ class FaultTolerance : public ::testing::Test {
 inline ProcessResult run_ft(const std::string& out, const std::vector<std::string>& args,
                             const std::vector<std::string>& launcher_flags = {}, int nproc = kReplicas) {
   return cohort::testing::run_process(launch(out, args, launcher_flags, nproc), 180s, ft_env());
+}
+
+// Rank `rank` stops itself (SIGSTOP) in backward at step `at`; once rank 0 trains in
+// quorum 2 without it (after the collective and quorum timeouts), it is resumed
+// (SIGCONT) and the job runs to its end. Empty, with the failure added, when either
+// never showed.
+inline std::optional<ProcessResult> run_with_a_stop(const std::string& out, int rank, int at,
+                                                    std::vector<std::string> args = {}, int nproc = kReplicas) {
+  args.push_back("--stop");
+  args.push_back(std::to_string(rank) + ":" + std::to_string(at));
+  cohort::testing::Subprocess job(launch(out, args, {}, nproc), ft_env());
+  std::smatch m;
+  const std::regex stopping("replica " + std::to_string(rank) + ": stopping at step " + std::to_string(at) +
+                            " pid (\\d+)");
+  if (!job.read_until([&](const std::string& text) { return std::regex_search(text, m, stopping); }, 60s)) {
+    ADD_FAILURE() << "rank " << rank << " never stopped\n" << job.out() << job.err();
+    return std::nullopt;
+  }
+  const pid_t pid = std::stoi(m[1]);
+  if (!job.read_until([](const std::string& text) { return text.find("replica 0: joined q2") != std::string::npos; },
+                      30s)) {
+    ADD_FAILURE() << "the others never trained on without it\n" << job.out() << job.err();
+    ::kill(pid, SIGCONT);
+    return std::nullopt;
+  }
+  ::kill(pid, SIGCONT);
+  return job.finish(180s);
 }
 
 }  // namespace cohort::testing::ft

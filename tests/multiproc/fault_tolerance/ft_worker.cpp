@@ -125,7 +125,8 @@ int main(int argc, char** argv) {
   ft::StepSampler sampler(ft::StepSamplerOptions(512, 32).seed(7));
 
   auto options = ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment())
-                     .configuration("steps " + std::to_string(steps) + " zero " + std::to_string(zero_stage))
+                     .configuration("steps " + std::to_string(steps) +
+                                    (zero_stage > 0 ? " zero " + std::to_string(zero_stage) : ""))
                      .shards_per_replica(shards);
   int my_id = -1, my_incarnation = 0;
   options.on_event([&](const std::string& event) {
