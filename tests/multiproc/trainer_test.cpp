@@ -682,10 +682,13 @@ TEST(Trainer, FaultTolerantRunLosesAReplicaAndEndsAtTheOneProcessWeights) {
 // replica"): four ranks, two replicas that each shard the optimizer state and the
 // gradients over their two ranks. Rank 3 is killed: its replica is left out until
 // the replacement comes, both its ranks then take their shard from replica 0, and
-// rank 0 commits every step once and ends at the one-process weights.
+// rank 0 commits every step once and ends at the one-process weights: within 3e-4,
+// as the gradients are summed in two levels (inside a replica, then across), in
+// another order than one process's (1.5e-4 apart on LibTorch 2.11, under 1e-4 on
+// 1.13); the last step alone moves them by 0.012.
 TEST(Trainer, FaultTolerantZero2RunLosesARankAndEndsAtTheOneProcessWeights) {
   TempDir dir("cohort-trainer");
-  lose_a_replica(dir, {}, dir.path + "/alone.pt", dir.path + "/survived.pt", kAcrossWorldSizes, true,
+  lose_a_replica(dir, {}, dir.path + "/alone.pt", dir.path + "/survived.pt", 3e-4, true,
                  FaultTolerantJob{4, 3, {"--zero", "2", "--shards-per-replica", "2"}});
 }
 
