@@ -300,4 +300,23 @@ TEST(Quorum, WithShardsPerReplicaALostShardIsNamed) {
   EXPECT_THROW(f[1].get(), cohort::CommError);  // rank 2, a member, says the same
 }
 
+// Ranks 0 and 3 died (shard 0 of replica 0, shard 1 of replica 1). Rank 3's
+// replacement comes first, so replica 1 is whole, but only rank 1 holds shard 1 of
+// step 4, and its replica waits for rank 0's replacement: the quorum waits for it
+// instead of calling shard 1 lost (found by review).
+TEST(Quorum, WithShardsPerReplicaAHolderInAReplicaNotYetWholeIsWaitedFor) {
+  auto s = store();
+  decide_quorum_one_of_four(*s);
+  s->set(ft::keys::dead(0), cohort::util::to_bytes("0"));
+  s->set(ft::keys::dead(3), cohort::util::to_bytes("0"));
+  std::vector<std::future<ft::QuorumRecord>> f;
+  for (const ft::Member& m : {ft::Member{1, 0, 4}, ft::Member{2, 0, 4}, ft::Member{3, 1, -1}})
+    f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 10s)); }));
+  std::this_thread::sleep_for(400ms);  // well past the 50 ms deadline
+  auto last = ft::form_quorum(*s, 2, {0, 1, -1}, sharded_rules(50ms, 10s));
+  EXPECT_EQ(last.members.size(), 4u) << last.describe();
+  EXPECT_EQ(last.shard_without_source(2), -1);
+  for (auto& each : f) EXPECT_EQ(each.get().encode(), last.encode());
+}
+
 }  // namespace

@@ -191,10 +191,17 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
     proposal.id = target;
     for (auto& [id, m] : whole) proposal.members.push_back(m);
     const int unsourced = proposal.shard_without_source(rules.shards_per_replica);
-    if (may_decide && enough && keeps_newest && unsourced >= 0 && missing.empty() && waited >= rules.wait_for_expected)
-      // Every member of the last quorum is here or dead, and a rank left out of it
-      // (it comes to every quorum) had the deadline to arrive: no rank that could
-      // give that shard is coming, and its state at that step is lost.
+    // A rank that holds it may have arrived in a replica not yet whole (its dead
+    // rank's replacement is still starting): then waiting can still give a source.
+    QuorumRecord everyone;
+    for (auto& [id, m] : arrived) everyone.members.push_back(m);
+    const bool holder_here = unsourced >= 0 && everyone.max_step() == proposal.max_step() &&
+                             everyone.source_of(unsourced, rules.shards_per_replica) >= 0;
+    if (may_decide && enough && keeps_newest && unsourced >= 0 && !holder_here && missing.empty() &&
+        waited >= rules.wait_for_expected)
+      // Every member of the last quorum is here or dead, a rank left out of it (it
+      // comes to every quorum) had the deadline to arrive, and no rank here holds
+      // that shard: nobody who could give it is coming, and its state is lost.
       throw CommError(fmt::format("cohort: fault tolerance: quorum {} cannot form: no rank holds shard {} of the "
                                   "newest state (step {}); every rank that held it was lost before its replica was "
                                   "whole again (Note [Sharding inside a replica])\n  fix: restart the job; it "
