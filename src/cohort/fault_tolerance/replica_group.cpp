@@ -510,14 +510,8 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
   if (behind) {
     bool sent_ok = true;
     try {
-      const auto top = record.max_step();
-      const int shard = id_ % k;
-      int source = 0;
-      while (record.members[static_cast<size_t>(source)].step != top ||
-             record.members[static_cast<size_t>(source)].id % k != shard)
-        ++source;
-      if (index == source) event("sending");
-      if (record.members[static_cast<size_t>(index)].step < top) event("receiving");
+      if (index == record.source_of(id_ % k, k)) event("sending");
+      if (record.members[static_cast<size_t>(index)].step < record.max_step()) event("receiving");
       auto result = transfer_state(world_->group(), record, index, step_, save_, load_, k);
       if (result.received) {
         step_ = result.step;
