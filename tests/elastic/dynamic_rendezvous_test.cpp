@@ -136,6 +136,51 @@ TEST(DynamicRendezvous, ASurvivorOfAFinishedRoundThatLostANodeJoinsAFreshRound) 
   EXPECT_EQ(again.nodes, std::vector<std::string>{"b"});
 }
 
+// Note [Held rounds]: the same loss in a held job (--fault-tolerance in-process)
+// keeps the round and b's rank, and a node that arrives takes a's slot.
+TEST(DynamicRendezvous, AHeldRoundThatLostANodeKeepsItsRanksAndANewcomerTakesTheSlot) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto settings = quick(1, 2);
+  DynamicRendezvous first(store, "job", "first", settings);
+  first.update([](RendezvousState& s) {
+    adopt_held(s, true);
+    adopt_nnodes(s, 1, 2);
+    return true;
+  });
+  const auto rounds = join_all(store, {"a", "b"}, settings);
+  ASSERT_EQ(rounds.at(0).world_size, 2);
+  EXPECT_TRUE(rounds.at(0).held);
+  DynamicRendezvous b(store, "job", "b", settings);
+  std::vector<std::string> dropped;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (dropped.empty() && std::chrono::steady_clock::now() < deadline) {
+    dropped = b.keep_alive();  // only b beats
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(dropped, std::vector<std::string>{"a"});
+  const auto same = b.next_round();
+  EXPECT_EQ(same.round, 0);
+  EXPECT_EQ(same.world_size, 2);
+  EXPECT_EQ(same.rank, 1);
+  EXPECT_EQ(same.nodes, (std::vector<std::string>{"", "b"}));
+  DynamicRendezvous c(store, "job", "c", settings);
+  const auto taken = c.next_round();
+  EXPECT_EQ(taken.round, 0);
+  EXPECT_EQ(taken.world_size, 2);
+  EXPECT_EQ(taken.rank, 0);
+  EXPECT_EQ(taken.nodes, (std::vector<std::string>{"c", "b"}));
+  // Every slot is taken again: one more node waits as a spare, within join_timeout,
+  // and is told so.
+  DynamicRendezvous spare(store, "job", "d", quick(1, 2).join_timeout(Millis(400)));
+  try {
+    spare.next_round([&] { b.keep_alive(), c.keep_alive(); });
+    ADD_FAILURE() << "a spare got a round with no slot vacant";
+  } catch (const cohort::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("as a spare for a vacant slot"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(b.read().participants, (std::map<std::string, int>{{"b", 1}, {"c", 0}}));
+}
+
 TEST(DynamicRendezvous, JobsWithDifferentIdsShareAStoreWithoutMeeting) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   DynamicRendezvous one(store, "one", "a", quick(1, 2));

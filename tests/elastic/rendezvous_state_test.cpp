@@ -258,6 +258,76 @@ TEST(RendezvousState, TheNodeRangeIsTheFirstAgentsForTheWholeJob) {
   EXPECT_EQ(nnodes_text(1, 4), "1:4");
 }
 
+// Note [Held rounds]: a complete held round keeps its slots. A node dropped for
+// silence leaves its slot vacant and the round goes on; a newcomer takes the lowest
+// vacant slot, keeping that slot's rank; with none vacant it waits as a spare.
+TEST(RendezvousState, AHeldRoundKeepsItsSlotsAndANewcomerTakesAVacantOne) {
+  RendezvousSettings settings = RendezvousSettings(1, 3).keep_alive_interval(seconds(1)).keep_alive_max_missed(2);
+  RendezvousState s;
+  EXPECT_TRUE(adopt_held(s, true));
+  adopt_nnodes(s, 1, 3);
+  for (const char* node : {"c", "a", "b"}) join(s, node, Millis(0), settings);
+  ASSERT_TRUE(s.complete);
+  EXPECT_EQ(s.slots, 3);
+  EXPECT_EQ(vacant_slot(s), -1);
+  // No room: a spare waits without a place on the list (the round is at MAX).
+  EXPECT_EQ(join(s, "d", Millis(1), settings), JoinAction::kWait);
+  HeartbeatWatch watch;
+  drop_dead_nodes(s, watch, Millis(0), settings);
+  heartbeat(s, "a");
+  heartbeat(s, "c");
+  EXPECT_EQ(drop_dead_nodes(s, watch, Millis(2'001), settings), (std::vector<std::string>{"b"}));
+  EXPECT_TRUE(s.complete) << "a held round is not ended by a lost node";
+  EXPECT_EQ(s.round, 0);
+  EXPECT_EQ(s.participants, (std::map<std::string, int>{{"a", 0}, {"c", 2}}));
+  EXPECT_EQ(vacant_slot(s), 1);
+  // The survivors' own round is unchanged; the spare takes b's slot, rank and all.
+  EXPECT_EQ(join(s, "a", Millis(3'000), settings), JoinAction::kFinish);
+  EXPECT_EQ(join(s, "d", Millis(3'000), settings), JoinAction::kFinish);
+  EXPECT_EQ(s.participants.at("d"), 1);
+  EXPECT_EQ(s.slots, 3);
+  EXPECT_EQ(vacant_slot(s), -1);
+  EXPECT_EQ(decode(encode(s)), s);
+  // Two vacant slots: the lowest goes first.
+  leave(s, "c", settings);
+  leave(s, "a", settings);
+  EXPECT_EQ(vacant_slot(s), 0);
+  EXPECT_EQ(join(s, "e", Millis(4'000), settings), JoinAction::kFinish);
+  EXPECT_EQ(s.participants.at("e"), 0);
+  EXPECT_EQ(vacant_slot(s), 2);
+  // Once a node has finished, a vacant slot is not taken: the job is ending.
+  s.done.insert("d");
+  EXPECT_EQ(join(s, "f", Millis(5'000), settings), JoinAction::kWait);
+  EXPECT_EQ(s.participants.count("f"), 0u);
+  // When every node has left, the next round forms afresh, still held.
+  leave(s, "d", settings);
+  leave(s, "e", settings);
+  EXPECT_EQ(s.round, 1);
+  EXPECT_FALSE(s.complete);
+  EXPECT_EQ(s.slots, 0);
+  EXPECT_TRUE(s.held);
+}
+
+TEST(RendezvousState, HoldingIsTheFirstAgentsForTheWholeJob) {
+  RendezvousState s;
+  EXPECT_FALSE(adopt_held(s, false));
+  adopt_nnodes(s, 1, 2);
+  EXPECT_FALSE(adopt_held(s, true)) << "a later agent finds the job's mode";
+  RendezvousState t;
+  EXPECT_TRUE(adopt_held(t, true));
+  adopt_nnodes(t, 1, 2);
+  EXPECT_TRUE(adopt_held(t, false));
+  // Without holding, a lost node's slot is never handed out.
+  RendezvousSettings settings(1, 2);
+  join(s, "a", Millis(0), settings);
+  join(s, "b", Millis(0), settings);
+  ASSERT_TRUE(s.complete);
+  leave(s, "b", settings);
+  EXPECT_EQ(vacant_slot(s), -1);
+  EXPECT_EQ(join(s, "c", Millis(1), settings), JoinAction::kWait);
+  EXPECT_EQ(s.wait_list, (std::set<std::string>{"c"}));
+}
+
 TEST(RendezvousState, RecordRoundTripsAndRejectsStrangers) {
   RendezvousSettings settings(1, 3);
   RendezvousState s;

@@ -58,10 +58,19 @@ TEST(InProcessFlags, RefusalsNameTheFlagAndTheFix) {
   expect_usage_error({"--fault-tolerance", "in-process", "--min-replicas", "4", "--nproc-per-node", "3", "prog"},
                      "--min-replicas 4: the job has only 3");
   expect_usage_error({"--fault-tolerance", "in-process", "--standalone", "prog"}, "--standalone yet");
-  expect_usage_error({"--fault-tolerance", "in-process", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5", "prog"},
-                     "--rdzv-backend c10d) yet");
-  // Static nodes are taken (Note [In-process fault tolerance needs static nodes]);
-  // --min-replicas counts the workers of every node.
+  expect_usage_error({"--fault-tolerance", "in-process", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5",
+                      "--rdzv-conf", "worker_store=tcpstore", "prog"},
+                     "not supported with --rdzv-conf worker_store=tcpstore yet");
+  // The elastic rendezvous is taken (Note [Held rounds]), and a bad --rdzv-conf is
+  // still named by the elastic checks.
+  EXPECT_TRUE(in_process_fault_tolerance(
+      parse({"--fault-tolerance", "in-process", "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5",
+             "prog"})));
+  expect_usage_error({"--fault-tolerance", "in-process", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5",
+                      "--rdzv-conf", "join_timeout=x", "prog"},
+                     "--rdzv-conf join_timeout=x: not a number");
+  // Static nodes are taken (Note [In-process fault tolerance needs a world that
+  // keeps its shape]); --min-replicas counts the workers of every node.
   EXPECT_TRUE(in_process_fault_tolerance(
       parse({"--fault-tolerance", "in-process", "--nnodes", "2", "--master-port", "5", "--min-replicas", "4",
              "--nproc-per-node", "2", "prog"})));

@@ -219,8 +219,9 @@ TEST(InProcess, UsageErrorsExitTwoAndNameTheFlag) {
       {{"--fault-tolerance", "in-process", "--nproc-per-node", "auto", "--min-replicas", "100000"},
        "--min-replicas 100000: the job has only"},
       {{"--fault-tolerance", "in-process", "--standalone"}, "--standalone yet"},
-      {{"--fault-tolerance", "in-process", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400"},
-       "--rdzv-backend c10d) yet"},
+      {{"--fault-tolerance", "in-process", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400",
+        "--rdzv-conf", "worker_store=tcpstore"},
+       "worker_store=tcpstore yet"},
       // Several static nodes are taken in this mode; restarting every worker of
       // several nodes (the default mode) is still refused, before any port is bound.
       {{"--nnodes", "2", "--master-port", "29400", "--max-restarts", "1"},

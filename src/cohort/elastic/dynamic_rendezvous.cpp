@@ -63,6 +63,7 @@ namespace {
 // participant that finds it leaves it and joins again, so the round reopens as
 // soon as its last member has left (the next round number), with ranks 0..n-1.
 bool ranks_are_whole(const RendezvousState& s) {
+  if (s.held) return true;  // Note [Held rounds]: a vacant slot is the point
   std::vector<bool> seen(s.participants.size(), false);
   for (const auto& [node, rank] : s.participants) {
     if (rank < 0 || static_cast<std::size_t>(rank) >= seen.size() || seen[static_cast<std::size_t>(rank)]) return false;
@@ -94,10 +95,12 @@ Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
         Round r;
         r.round = state.round;
         r.rank = state.participants.at(node_);
-        r.world_size = static_cast<int>(state.participants.size());
-        r.nodes.resize(state.participants.size());
+        // Note [Held rounds]: a vacant slot is an empty name.
+        r.world_size = state.held ? state.slots : static_cast<int>(state.participants.size());
+        r.nodes.resize(static_cast<std::size_t>(r.world_size));
         for (const auto& [node, rank] : state.participants) r.nodes.at(static_cast<size_t>(rank)) = node;
         r.restarts = state.restarts;
+        r.held = state.held;
         return r;
       }
       case JoinAction::kErrorClosed:
@@ -105,6 +108,15 @@ Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
                                     "start a new job with another --rdzv-id to run again");
       case JoinAction::kRemoveSelf:
       case JoinAction::kErrorTimeout:
+        if (state.held && state.complete)  // Note [Held rounds]: a spare
+          throw TimeoutError(
+              fmt::format("cohort run: waited {:.0f} s (join_timeout) as a spare for a vacant slot of this job "
+                          "(--fault-tolerance in-process keeps the {} node(s) it started with, and none left{}).\n  "
+                          "fix: nothing is wrong with the job; start this node again when a node is lost, or raise "
+                          "--rdzv-conf join_timeout=SECONDS to keep it waiting",
+                          seconds_of(settings_.join_timeout()), state.slots,
+                          state.done.empty() ? "" : "; the job is finishing"),
+              "rendezvous", {});
         throw TimeoutError(
             fmt::format("cohort run: waited {:.0f} s (join_timeout) for a rendezvous round of {} to {} nodes; {} "
                         "node(s) took part, {} waited.\n  fix: start `cohort run` on more nodes with the same "

@@ -24,8 +24,9 @@ class RendezvousClosedError : public Error {
 struct Round {
   std::int64_t round = 0;
   int rank = 0;        // this node's group rank
-  int world_size = 1;  // nodes in the round
-  std::vector<std::string> nodes;  // in rank order
+  int world_size = 1;  // nodes in the round (a held round's slots: Note [Held rounds])
+  std::vector<std::string> nodes;  // in rank order ("" for a vacant slot)
+  bool held = false;  // Note [Held rounds]
   std::int64_t restarts = 0;  // failure restarts of the job so far
 };
 

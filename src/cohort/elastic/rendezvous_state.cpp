@@ -18,6 +18,7 @@ void mark_complete(RendezvousState& state) {
   state.last_call.reset();
   int rank = 0;
   for (auto& [node, r] : state.participants) r = rank++;  // std::map: sorted by name
+  state.slots = state.held ? rank : 0;
 }
 
 // After a participant is gone (it left, or its heartbeats stopped).
@@ -28,6 +29,7 @@ void after_participant_removed(RendezvousState& state, const RendezvousSettings&
       // the wait list join it like anyone else.
       state.complete = false;
       state.done.clear();
+      state.slots = 0;
       ++state.round;
     }
   } else if (static_cast<int>(state.participants.size()) < settings.min_nodes()) {
@@ -133,13 +135,15 @@ bool RendezvousState::operator==(const RendezvousState& o) const {
   return round == o.round && complete == o.complete && closed == o.closed && last_call == o.last_call &&
          participants == o.participants && wait_list == o.wait_list && heartbeats == o.heartbeats &&
          beats == o.beats && restarts == o.restarts && max_restarts == o.max_restarts &&
-         min_nodes == o.min_nodes && max_nodes == o.max_nodes && failed_round == o.failed_round && done == o.done;
+         min_nodes == o.min_nodes && max_nodes == o.max_nodes && failed_round == o.failed_round && done == o.done &&
+         held == o.held && slots == o.slots;
 }
 
 const char* to_string(JoinAction action) {
   switch (action) {
     case JoinAction::kAddToParticipants: return "add to participants";
     case JoinAction::kAddToWaitList: return "add to wait list";
+    case JoinAction::kTakeSlot: return "take a vacant slot";
     case JoinAction::kMarkComplete: return "mark complete";
     case JoinAction::kWait: return "wait";
     case JoinAction::kFinish: return "finish";
@@ -157,6 +161,8 @@ JoinAction next_join_action(const RendezvousState& state, const std::string& nod
   const bool waiting = state.wait_list.count(node) > 0;
   if (state.complete && participant) return JoinAction::kFinish;
   if (join_expired) return participant || waiting ? JoinAction::kRemoveSelf : JoinAction::kErrorTimeout;
+  // Note [Held rounds]: a vacant slot is taken, unless the job is finishing.
+  if (state.complete && state.held && state.done.empty() && vacant_slot(state) >= 0) return JoinAction::kTakeSlot;
   if (state.complete) {
     // Too late for this round: wait for the next, if there will be room in it.
     if (!waiting && static_cast<int>(state.participants.size() + state.wait_list.size()) < settings.max_nodes()) {
@@ -189,6 +195,11 @@ void apply(RendezvousState& state, JoinAction action, const std::string& node, M
     }
     case JoinAction::kAddToWaitList:
       state.wait_list.insert(node);
+      state.heartbeats[node] = ++state.beats;
+      return;
+    case JoinAction::kTakeSlot:
+      state.wait_list.erase(node);
+      state.participants[node] = vacant_slot(state);
       state.heartbeats[node] = ++state.beats;
       return;
     case JoinAction::kMarkComplete:
@@ -241,6 +252,21 @@ std::int64_t adopt_max_restarts(RendezvousState& state, int mine) {
   return state.max_restarts;
 }
 
+bool adopt_held(RendezvousState& state, bool mine) {
+  if (state.max_nodes <= 0) state.held = mine;
+  return state.held;
+}
+
+int vacant_slot(const RendezvousState& state) {
+  if (!state.complete || !state.held) return -1;
+  std::vector<bool> taken(static_cast<std::size_t>(state.slots), false);
+  for (const auto& [node, rank] : state.participants)
+    if (rank >= 0 && rank < state.slots) taken[static_cast<std::size_t>(rank)] = true;
+  for (int slot = 0; slot < state.slots; ++slot)
+    if (!taken[static_cast<std::size_t>(slot)]) return slot;
+  return -1;
+}
+
 std::pair<int, int> adopt_nnodes(RendezvousState& state, int min_nodes, int max_nodes) {
   if (state.max_nodes <= 0) {
     state.min_nodes = min_nodes;
@@ -275,7 +301,9 @@ std::string encode(const RendezvousState& s) {
                       {"max_nodes", s.max_nodes},
                       {"beats", s.beats},
                       {"failed_round", s.failed_round},
-                      {"done", s.done}};
+                      {"done", s.done},
+                      {"held", s.held},
+                      {"slots", s.slots}};
   j["last_call"] = s.last_call ? nlohmann::json(s.last_call->count()) : nlohmann::json(nullptr);
   j["heartbeats"] = s.heartbeats;
   return j.dump();
@@ -297,6 +325,8 @@ RendezvousState decode(const std::string& bytes) {
     s.beats = j.at("beats").get<std::int64_t>();
     s.failed_round = j.at("failed_round").get<std::int64_t>();
     s.done = j.at("done").get<std::set<std::string>>();
+    s.held = j.at("held").get<bool>();
+    s.slots = j.at("slots").get<int>();
     if (!j.at("last_call").is_null()) s.last_call = Millis(j.at("last_call").get<std::int64_t>());
     s.heartbeats = j.at("heartbeats").get<std::map<std::string, std::int64_t>>();
     return s;

@@ -23,6 +23,8 @@
 //    makes every node's workers fail (the others as casualties), so a failed round is
 //    counted once, by whichever node reports it first (`failed_round`). The limit
 //    itself is the job's too (`max_restarts`, fixed by the first agent to join).
+//  - A job under --fault-tolerance in-process holds its rounds (`held`, fixed by the
+//    first agent like --nnodes): Note [Held rounds].
 //  - So is the job's --nnodes MIN:MAX (`min_nodes`, `max_nodes`): agents that disagree
 //    on when a round is complete would never settle (one admits a node the other
 //    restarts for, round after round), so an agent with another range is refused.
@@ -39,6 +41,19 @@
 // one wall-clock time left in the record is the last call of a forming round, a
 // deadline shared by every node, which a clock step can only move (the round
 // closes earlier or later by the step), never turn into a lost node.
+//
+// Note [Held rounds]
+// Under --fault-tolerance in-process the workers mend the world themselves: a dead
+// worker is replaced alone and the survivors never stop (launcher/in_process.h). So
+// once a held round is complete its shape is the job's for good: `slots` node ranks,
+// each with the same workers and global ranks. A node that leaves or stops sending
+// heartbeats leaves its slot vacant and the round goes on (the others are not
+// stopped; their workers drop its ranks at their deadlines). A node that arrives
+// while a slot is vacant takes the lowest one (kTakeSlot) and starts its workers as
+// new incarnations of that slot's ranks, which take the state from a live peer. With
+// no slot vacant it waits, as a spare, for one (bounded by join_timeout). Nothing
+// re-forms the world: a held round never grows, and ends only when the job closes
+// or every node has left it. Once a node has finished (`done`), no slot is taken.
 #include <torch/arg.h>
 
 #include <chrono>
@@ -104,6 +119,8 @@ struct RendezvousState {
   int min_nodes = 0, max_nodes = 0;  // the job's --nnodes, fixed by its first agent (0: none yet)
   std::int64_t failed_round = -1;  // the last round whose failure was counted
   std::set<std::string> done;  // participants whose workers all exited 0 this round
+  bool held = false;  // Note [Held rounds]: the job's, fixed by its first agent
+  int slots = 0;      // a complete held round's node ranks (vacant ones included)
 
   bool operator==(const RendezvousState& other) const;
 };
@@ -111,6 +128,7 @@ struct RendezvousState {
 enum class JoinAction {
   kAddToParticipants,
   kAddToWaitList,
+  kTakeSlot,  // Note [Held rounds]: into the lowest vacant slot of a held round
   kMarkComplete,
   kWait,        // nothing to change: wait for the record to change, then ask again
   kFinish,      // the round is complete and this node has its rank
@@ -170,6 +188,13 @@ std::int64_t adopt_max_restarts(RendezvousState& state, int mine);
 // stored) when the record has none yet. An agent whose range differs from the
 // job's must not take part: the caller refuses it (Note [Rendezvous rounds]).
 std::pair<int, int> adopt_nnodes(RendezvousState& state, int min_nodes, int max_nodes);
+// Whether the job holds its rounds (Note [Held rounds]): the record's, or `mine`
+// when no agent has fixed the job's settings yet (max_nodes still 0; call it before
+// adopt_nnodes). An agent that differs is refused by the caller.
+bool adopt_held(RendezvousState& state, bool mine);
+// The lowest slot of a complete held round that no participant holds, or -1.
+int vacant_slot(const RendezvousState& state);
+
 // "2" or "1:4", as --nnodes is written.
 std::string nnodes_text(int min_nodes, int max_nodes);
 

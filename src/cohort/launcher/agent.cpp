@@ -67,13 +67,6 @@ int pause_before_restart(RestartPacing& pacing, std::chrono::steady_clock::durat
   return wait_for_signal(signal_fd, pause);
 }
 
-// The workers whose last incarnation failed (in-process mode runs several per slot).
-int count_failed_slots(const AttemptResult& result) {
-  std::map<int, bool> failed;  // by local rank; later exits overwrite earlier ones
-  for (const auto& o : result.in_exit_order) failed[o.slot.local_rank] = !o.succeeded();
-  return static_cast<int>(std::count_if(failed.begin(), failed.end(), [](const auto& f) { return f.second; }));
-}
-
 std::string random_id() {
   std::random_device rd;
   return fmt::format("{:08x}", rd());
@@ -209,9 +202,7 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     FailureContext fc{util::host_name(), run_id, attempt, options.max_restarts};
     fmt::print(stderr, "{}", failure_summary(result.in_exit_order, fc));
     if (in_process) {
-      fmt::print(stderr, "cohort run: fault tolerance in-process: {} worker(s) not replaced or failed in their last "
-                         "incarnation, {} of --max-restarts {} single-worker restart(s) used\n",
-                 count_failed_slots(result), in_process->restarts_used(), options.max_restarts);
+      fmt::print(stderr, "{}", in_process->summary(result.in_exit_order));
       exit_code = 1;
       break;
     }

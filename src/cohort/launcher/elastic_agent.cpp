@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "cohort/elastic/dynamic_rendezvous.h"
 #include "cohort/launcher/agent_store.h"
 #include "cohort/launcher/failure_record.h"
+#include "cohort/launcher/in_process.h"
 #include "cohort/launcher/keep_alive.h"
 #include "cohort/launcher/restart_pacing.h"
 #include "cohort/launcher/round_end.h"
@@ -40,6 +42,8 @@ std::string node_name() {
 }
 
 bool round_changed(const RendezvousState& s, const Round& r, const std::string& node) {
+  // Note [Held rounds]: only the job's end, or this node dropped, stops a held round.
+  if (r.held) return s.closed || s.round != r.round || !s.participants.count(node);
   // A waiting node is taken in by a restart, unless the round is already finishing.
   return s.closed || s.round != r.round || !s.participants.count(node) ||
          static_cast<int>(s.participants.size()) != r.world_size || (elastic::nodes_waiting(s) > 0 && s.done.empty());
@@ -52,6 +56,16 @@ std::string round_key(const Round& r, const std::string& what) { return fmt::for
 // died before publishing).
 Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const std::function<void()>& check) {
   auto& store = rdzv.store();
+  // Note [Held rounds]: a node that takes a vacant slot runs that slot's workers.
+  const auto mine = rdzv.key(round_key(r, "size/" + std::to_string(r.rank)));
+  if (r.held && store.check({mine})) {
+    const int slot_size = std::stoi(util::from_bytes(store.get(mine)));
+    if (slot_size != nproc)
+      throw UsageError(fmt::format("--nproc-per-node {}: this node takes slot {} of a job under --fault-tolerance "
+                                   "in-process, whose node there ran {} workers; the job keeps the shape it started "
+                                   "with.\n  fix: start this node with --nproc-per-node {}",
+                                   nproc, r.rank, slot_size, slot_size));
+  }
   store.set(rdzv.key(round_key(r, "size/" + std::to_string(r.rank))), util::to_bytes(std::to_string(nproc)));
   std::vector<std::string> keys;
   for (int n = 0; n < r.world_size; ++n) keys.push_back(rdzv.key(round_key(r, "size/" + std::to_string(n))));
@@ -70,17 +84,28 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
   return assign_ranks(sizes, r.rank);
 }
 
+// Note [In-process fault tolerance: the keys]: the agent's own client of the
+// workers' store, each operation bounded by 10 s.
+c10::intrusive_ptr<c10d::Store> workers_view(store::StoreClient& client, const std::string& prefix) {
+  auto own = client.clone();
+  own->setTimeout(std::chrono::seconds(10));
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(own));
+}
+
 // The job's --nnodes and --max-restarts, fixed by its first agent in the record
 // (Note [Rendezvous rounds]); returns the job's restart limit. Throws UsageError,
 // leaving the record as it was, when this agent's --nnodes is not the job's.
 std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
   const std::pair<int, int> mine{o.min_nodes, o.max_nodes};
   std::pair<int, int> job = mine;
+  const bool held = in_process_fault_tolerance(o);
+  bool job_held = held;
   std::int64_t max_restarts = o.max_restarts;
   rdzv.update([&](RendezvousState& s) {
     const bool unset = s.max_restarts < 0 || s.max_nodes <= 0;
+    job_held = elastic::adopt_held(s, held);  // before adopt_nnodes: Note [Held rounds]
     job = elastic::adopt_nnodes(s, o.min_nodes, o.max_nodes);
-    if (job != mine) return false;
+    if (job != mine || job_held != held) return false;
     max_restarts = elastic::adopt_max_restarts(s, o.max_restarts);
     return unset;
   });
@@ -92,6 +117,13 @@ std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
                                  "agent of the job with --nnodes {}",
                                  elastic::nnodes_text(mine.first, mine.second), o.run_id, theirs, theirs));
   }
+  if (job_held != held)
+    throw UsageError(fmt::format("--fault-tolerance {}: this job (--rdzv-id {}) runs with --fault-tolerance {}, set "
+                                 "by its first agent; one node restarting every worker while another replaces them "
+                                 "alone would never agree, so this agent does not join.\n  fix: start every agent of "
+                                 "the job with --fault-tolerance {}",
+                                 o.fault_tolerance, o.run_id, job_held ? "in-process" : "none",
+                                 job_held ? "in-process" : "none"));
   if (max_restarts != o.max_restarts)
     fmt::print(stderr, "cohort run: warning: this job runs with --max-restarts {}, set by its first agent; this "
                        "agent's --max-restarts {} is ignored\n",
@@ -200,9 +232,18 @@ int run_elastic_agent(const AgentSetup& setup) {
         context.store_port = workers_store.port;
       }
       context.max_restarts = static_cast<int>(max_restarts);  // the job's, not this agent's flag
+      // Note [Held rounds]: a dead worker is replaced alone (launcher/in_process.h).
+      std::optional<InProcessRestarts> in_process;
+      if (r.held) {
+        in_process.emplace(workers_view(*store.client, env.at("COHORT_STORE_PREFIX")), static_cast<int>(max_restarts));
+        context.first_incarnation = in_process->first_incarnation(a.group_rank);
+      }
       const auto started = Clock::now();
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),
                         setup.signal_fd);
+      if (in_process)
+        group.on_worker_failure(
+            [&](const WorkerOutcome& dead, int incarnation) { return in_process->on_death(dead, incarnation); });
       group.on_tick([&] {
         keep_alive.rethrow();
         return watch->sighting() || round_changed(rdzv.read(), r, rdzv.node());
@@ -215,6 +256,18 @@ int run_elastic_agent(const AgentSetup& setup) {
         close_with_text(rdzv, "cohort run: error: " + *seen + "\n");  // no restart mends it
         report_closed(rdzv, hosting, check);
         return 2;
+      }
+      if (r.held && !result.interrupted) {
+        // Note [Held rounds]: the other nodes train on; this one waits for them to
+        // finish, keeping the store up if it hosts it.
+        if (!result.success)
+          fmt::print(stderr, "{}{}",
+                     failure_summary(result.in_exit_order,
+                                     FailureContext{util::host_name(), setup.run_id, static_cast<int>(r.restarts),
+                                                    static_cast<int>(max_restarts)}),
+                     in_process->summary(result.in_exit_order));
+        const int code = finish(rdzv, r, hosting, check);
+        return result.success ? code : 1;
       }
       // Workers stopped for a change may exit 0 (a trainer that saves on SIGTERM):
       // that is an interruption, not the end of the job.

@@ -21,6 +21,10 @@
 //    job, and every agent prints that root cause and exits 1;
 //  - the store stopped answering (its host died): stop the workers, exit 1 naming
 //    the store's address.
+// Under --fault-tolerance in-process the round is held (Note [Held rounds] in
+// elastic/rendezvous_state.h): a dead worker is replaced alone (launcher/in_process.h),
+// only the job's close or this node's own drop stops the workers, and when they have
+// all exited the agent goes to the exit barrier, whatever their outcome.
 // Workers reach the store at the endpoint, under a prefix per round
 // (COHORT_STORE_PREFIX), so the one port serves every round, and
 // TORCHELASTIC_RESTART_COUNT is the job's failure-restart count.

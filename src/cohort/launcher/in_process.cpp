@@ -4,7 +4,9 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "cohort/util/bytes.h"
 
@@ -77,6 +79,15 @@ FailureAction InProcessRestarts::on_death(const WorkerOutcome& outcome, int inca
                                       max_restarts_));
   std::fflush(stderr);
   return replace ? FailureAction::kReplace : FailureAction::kLeave;
+}
+
+std::string InProcessRestarts::summary(const std::vector<WorkerOutcome>& in_exit_order) const {
+  std::map<int, bool> failed;  // by local rank; a later incarnation's exit overwrites an earlier one's
+  for (const auto& o : in_exit_order) failed[o.slot.local_rank] = !o.succeeded();
+  const auto count = std::count_if(failed.begin(), failed.end(), [](const auto& f) { return f.second; });
+  return fmt::format("cohort run: fault tolerance in-process: {} worker(s) not replaced or failed in their last "
+                     "incarnation, {} of --max-restarts {} single-worker restart(s) used\n",
+                     count, used_, max_restarts_);
 }
 
 }  // namespace cohort::launcher

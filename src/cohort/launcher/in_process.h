@@ -38,6 +38,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "cohort/compat/c10d.h"
 #include "cohort/launcher/failure.h"
@@ -88,6 +89,10 @@ class InProcessRestarts {
   // incarnation of its first workers (Note [A node started again]). A store that
   // fails is an error: the workers could not be told apart from earlier ones.
   int first_incarnation(int node_rank);
+
+  // "cohort run: fault tolerance in-process: N worker(s) not replaced or failed in
+  // their last incarnation, ...", for a group whose workers have all exited.
+  std::string summary(const std::vector<WorkerOutcome>& in_exit_order) const;
 
   int restarts_used() const { return used_; }
   int not_replaced() const { return not_replaced_; }

@@ -108,8 +108,12 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
                          "heartbeats were late); the others go on without it\n");
       return 1;
     }
+    // Note [Held rounds]: the nodes now in the round's slots, not those it began with.
     bool unfinished = false;
-    for (const auto& node : r.nodes) unfinished = unfinished || !s.done.count(node);
+    if (r.held)
+      for (const auto& [node, rank] : s.participants) unfinished = unfinished || !s.done.count(node);
+    else
+      for (const auto& node : r.nodes) unfinished = unfinished || !s.done.count(node);
     if (!unfinished) break;
     const auto why = reason_to_close_after_finish(s, r, false);
     if (!why.empty() && !lost_since) lost_since = Clock::now();
@@ -130,7 +134,9 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
 }
 
 std::string reason_to_close_after_finish(const RendezvousState& s, const Round& r, bool failed_here) {
-  if (s.round != r.round || s.done.empty()) return "";
+  // Note [Held rounds]: a node lost is mended by the workers, and a held round is
+  // never restarted, so nothing here closes it.
+  if (s.round != r.round || s.done.empty() || r.held) return "";
   std::vector<std::string> lost;
   for (const auto& node : r.nodes)
     if (!s.done.count(node) && !s.participants.count(node)) lost.push_back(node);

@@ -234,16 +234,17 @@ void validate_elastic(const RunOptions& o) {
   validate_common(o);
 }
 
-// Note [In-process fault tolerance needs static nodes]
-// The launcher replaces a dead worker with the same RANK on the same store, which
-// the static agents can do: every agent publishes the deaths of its own workers
-// under their global ranks on node 0's store (Note [In-process fault tolerance:
-// the keys]), and an agent that disappears with its node publishes nothing; the
-// survivors drop its workers at their collective or quorum deadline, and take them
-// back when the node's agent is started again with the same --node-rank. The
-// elastic agent ends a round when a worker fails and re-forms the world, so it is
-// refused rather than half supported, and so is --standalone (a random run id and
-// port: nothing a restarted node could find again).
+// Note [In-process fault tolerance needs a world that keeps its shape]
+// The launcher replaces a dead worker with the same RANK on the same store: every
+// agent publishes the deaths of its own workers under their global ranks on the
+// job's store (Note [In-process fault tolerance: the keys]), and an agent that
+// disappears with its node publishes nothing; the survivors drop its workers at
+// their collective or quorum deadline. Static nodes take them back when the node's
+// agent is started again with the same --node-rank; the elastic agent holds its
+// round (Note [Held rounds] in elastic/rendezvous_state.h), so any node that comes
+// takes the vacant slot. --standalone is refused (a random run id and port: nothing
+// a restarted node could find again), and so is worker_store=tcpstore, whose
+// workers' store the agent does not reach with its own client.
 void validate_fault_tolerance(const RunOptions& o) {
   if (o.fault_tolerance != "none" && o.fault_tolerance != "in-process")
     throw UsageError(fmt::format("--fault-tolerance {}: use none (a failure restarts every worker) or in-process "
@@ -260,16 +261,25 @@ void validate_fault_tolerance(const RunOptions& o) {
   if (o.standalone)
     throw UsageError("--fault-tolerance in-process: not supported with --standalone yet; drop --standalone (the "
                      "static rendezvous of one node runs it), or use --fault-tolerance none with --max-restarts");
-  if (is_elastic(o))
-    throw UsageError("--fault-tolerance in-process: not supported with the elastic rendezvous (--rdzv-backend c10d) "
-                     "yet; use the static rendezvous of one node (drop --rdzv-backend), or --fault-tolerance none "
-                     "with --max-restarts");
+  if (is_elastic(o)) {
+    auto store = elastic::WorkerStore::kCohort;
+    try {
+      store = elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes))
+                  .worker_store();
+    } catch (const ConfigError&) {
+      // validate_elastic names it
+    }
+    if (store == elastic::WorkerStore::kTcpStore)
+      throw UsageError("--fault-tolerance in-process: not supported with --rdzv-conf worker_store=tcpstore yet (the "
+                       "agents publish deaths in cohort's store); drop worker_store=tcpstore, or use "
+                       "--fault-tolerance none");
+  }
 }
 
 }  // namespace
 
 void validate(const RunOptions& o) {
-  validate_fault_tolerance(o);  // Note [In-process fault tolerance needs static nodes]
+  validate_fault_tolerance(o);  // Note [In-process fault tolerance needs a world that keeps its shape]
   if (o.nproc_per_node != "auto" && o.nproc_per_node != "cpu" && o.nproc_per_node != "gpu") {
     const int nproc = resolve_nproc(o.nproc_per_node, 1, 0);
     check_min_replicas(o, nproc * o.max_nodes);

@@ -9,7 +9,8 @@
 //                      quorum AT, or of any quorum when AT is 0 (the first such
 //                      event: which quorum it falls in depends on timing);
 //   --stop R:AT        replica R stops itself (SIGSTOP) in backward at step AT; the
-//                      test resumes it;
+//                      test resumes it (R may be *: whichever replica this process
+//                      is, for a node whose ranks the rendezvous chooses);
 //   --degraded-step-ms MS  sleep MS before each step trained with fewer than every
 //                      replica, so that a replacement (process start, LibTorch's load)
 //                      joins before training ends;
@@ -53,6 +54,8 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+constexpr int kAnyReplica = -2;  // R given as *
+
 struct Failure {
   int replica = -1;
   std::string phase;
@@ -63,7 +66,7 @@ Failure parse_failure(const std::string& text) {
   Failure f;
   auto first = text.find(':');
   auto second = text.find(':', first + 1);
-  f.replica = std::stoi(text.substr(0, first));
+  f.replica = text.substr(0, first) == "*" ? kAnyReplica : std::stoi(text.substr(0, first));
   if (second == std::string::npos) {
     f.phase = "stop";
     f.at = std::stoll(text.substr(first + 1));
@@ -150,7 +153,7 @@ int main(int argc, char** argv) {
                          [&](std::istream& i) { ft::load_training_state(i, *net, &optimizer); });
   const bool first = my_incarnation == 0;
   auto armed = [&](const Failure& f, const char* phase, std::int64_t step) {
-    return first && f.replica == my_id && f.phase == phase && f.at == step;
+    return first && (f.replica == my_id || f.replica == kAnyReplica) && f.phase == phase && f.at == step;
   };
   auto dies_at = [&](const char* phase, std::int64_t step) {
     for (const auto& die : dies)
