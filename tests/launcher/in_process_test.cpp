@@ -145,6 +145,29 @@ TEST(InProcessKeys, TheBudgetCountsSingleWorkerRestartsOverTheJob) {
   EXPECT_EQ(text(*store, "cohort/ft/event/2"), "dead 1 1");
 }
 
+// Note [A restart that cannot help]: a configuration error is not replaced and costs
+// no restart, but is published like any death; other errors are replaced.
+TEST(InProcessKeys, AConfigurationErrorIsNotReplacedAndCostsNoRestart) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  InProcessRestarts restarts(store, 2);
+  WorkerOutcome refused;
+  refused.slot.rank = 2;
+  refused.wait_status = 1 << 8;  // exit code 1
+  refused.error = cohort::elastic::ErrorRecord{"cohort::ConfigError: replica 2 runs with configuration", "", 0};
+  EXPECT_TRUE(repeats_in_a_replacement(refused));
+  EXPECT_EQ(restarts.on_death(refused, 0), FailureAction::kLeave);
+  EXPECT_EQ(restarts.restarts_used(), 0);
+  EXPECT_EQ(restarts.not_replaced(), 1);
+  EXPECT_EQ(text(*store, "cohort/ft/event/1"), "dead 2 0");
+  WorkerOutcome lost = refused;
+  lost.error->message = "cohort::CommError: cohort: fault tolerance: quorum 3 cannot form";
+  EXPECT_FALSE(repeats_in_a_replacement(lost));
+  EXPECT_EQ(restarts.on_death(lost, 0), FailureAction::kReplace);
+  lost.error.reset();  // no error file: killed, or a program that does not record
+  EXPECT_FALSE(repeats_in_a_replacement(lost));
+  EXPECT_EQ(restarts.restarts_used(), 1);
+}
+
 TEST(InProcessLines, SayWhatHappenedAndWhatComesNext) {
   EXPECT_EQ(death_line(1, 0, 123, SIGKILL, 1, 2),
             "cohort run: worker 1 (incarnation 0, pid 123) was killed by SIGKILL; restarting only this worker (fault "

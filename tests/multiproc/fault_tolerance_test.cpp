@@ -184,6 +184,11 @@ TEST_F(FaultTolerance, AReplicaStartedWithOtherSettingsIsRefusedAndTheOthersTrai
                      "runs with \"steps 24\""),
             std::string::npos)
       << describe(r1);
+  // Note [A restart that cannot help]: refused once, not replaced, no restart spent.
+  EXPECT_NE(r1.err.find("worker 2 (incarnation 0"), std::string::npos) << describe(r1);
+  EXPECT_EQ(r1.err.find("worker 2 (incarnation 1"), std::string::npos) << describe(r1);
+  EXPECT_NE(r1.err.find("not replaced: it stopped on a configuration error"), std::string::npos) << describe(r1);
+  EXPECT_NE(r1.err.find("0 of --max-restarts 3 single-worker restart(s) used"), std::string::npos) << describe(r1);
   ASSERT_EQ(r0.exit_code, 0) << describe(r0);
   EXPECT_FALSE(std::filesystem::exists(dir.path + "/final_2.pt"));
   for (int id = 0; id < 2; ++id)

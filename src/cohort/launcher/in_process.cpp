@@ -50,6 +50,10 @@ std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_time
                      rank, incarnation, pid, frozen_timeout);
 }
 
+bool repeats_in_a_replacement(const WorkerOutcome& outcome) {
+  return outcome.error && outcome.error->message.rfind("cohort::ConfigError", 0) == 0;
+}
+
 InProcessRestarts::InProcessRestarts(c10::intrusive_ptr<c10d::Store> workers_store, int max_restarts)
     : store_(std::move(workers_store)), max_restarts_(max_restarts) {}
 
@@ -69,6 +73,16 @@ FailureAction InProcessRestarts::on_death(const WorkerOutcome& outcome, int inca
   } catch (const std::exception& e) {
     fmt::print(stderr, "cohort run: warning: could not publish the death of worker {} on the job's store: {}\n", rank,
                e.what());
+  }
+  // Note [A restart that cannot help]
+  if (repeats_in_a_replacement(outcome)) {
+    ++not_replaced_;
+    fmt::print(stderr, "cohort run: worker {} (incarnation {}, pid {}) {}; not replaced: it stopped on a "
+                       "configuration error, which a replacement with the same environment would repeat (no restart "
+                       "used); the others go on:\n  {}\n",
+               rank, incarnation, outcome.pid, describe_death(outcome.wait_status), outcome.error->message);
+    std::fflush(stderr);
+    return FailureAction::kLeave;
   }
   const bool replace = used_ < max_restarts_;
   if (replace)

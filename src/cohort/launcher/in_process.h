@@ -73,6 +73,18 @@ std::string death_line(int rank, int incarnation, pid_t pid, int wait_status, in
 // --frozen-timeout, which in-process mode does not kill.
 std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_timeout);
 
+// Note [A restart that cannot help]
+// A replacement gets exactly its rank's environment (Note [A replacement is its
+// rank]), so a worker that stopped on a cohort::ConfigError (its error file says so:
+// cohort::elastic::record) would stop on it again: replicas started with settings
+// that differ from replica 0's, ranks that do not divide into replicas, a bad flag.
+// Such a worker is not replaced and costs no restart; the others go on, and a job
+// that cannot train without it ends with that error instead of spending
+// --max-restarts on it. Failures of the job itself (a quorum that cannot form, a
+// lost shard) are replaced as before: every rank started afresh is how a job whose
+// replicas were all lost goes back to its checkpoint on disk.
+bool repeats_in_a_replacement(const WorkerOutcome& outcome);
+
 // The agent's side of in-process mode: --max-restarts single-worker restarts over
 // the whole job. Runs on the agent's main thread only.
 class InProcessRestarts {

@@ -37,6 +37,7 @@
 #include <thread>
 
 #include "cohort/ddp/distributed_data_parallel.h"
+#include "cohort/elastic/error_file.h"
 #include "cohort/errors.h"
 #include "cohort/fault_tolerance/replica_group.h"
 #include "cohort/fault_tolerance/replica_sharded_optimizer.h"
@@ -85,7 +86,7 @@ std::vector<torch::Tensor> parameters_of(Net& net) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::int64_t steps = 40;
   std::string out_dir = ".";
   bool reference = false;
@@ -266,4 +267,10 @@ int main(int argc, char** argv) {
     torch::save(parameters_of(net), out_dir + "/final_" + std::to_string(my_id) + ".pt");
   }
   return 0;
+}
+
+// As a user's program should: an error that ends the process is written to the
+// launcher's error file (what `cohort run` reads to decide on a replacement).
+int main(int argc, char** argv) {
+  return cohort::elastic::record([&] { return run(argc, argv); });
 }
