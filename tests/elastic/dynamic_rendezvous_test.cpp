@@ -36,6 +36,18 @@ std::vector<Round> join_all(const c10::intrusive_ptr<c10d::Store>& store, const 
   return rounds;
 }
 
+// Beats as `alive` until the record drops a silent node (at most 5 s); returns the
+// dropped ones.
+std::vector<std::string> beat_until_one_is_dropped(DynamicRendezvous& alive) {
+  std::vector<std::string> dropped;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (dropped.empty() && std::chrono::steady_clock::now() < deadline) {
+    dropped = alive.keep_alive();
+    std::this_thread::sleep_for(50ms);
+  }
+  return dropped;
+}
+
 TEST(DynamicRendezvous, ConcurrentAgentsAgreeOnOneRoundAndDistinctRanks) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const std::vector<std::string> nodes{"c", "a", "d", "b"};
@@ -102,12 +114,7 @@ TEST(DynamicRendezvous, ANodeWithoutHeartbeatsIsDroppedByTheOthers) {
   const auto rounds = join_all(store, {"a", "b"}, settings);
   ASSERT_EQ(rounds.at(0).world_size, 2);
   DynamicRendezvous a(store, "job", "a", settings);
-  std::vector<std::string> dropped;
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (dropped.empty() && std::chrono::steady_clock::now() < deadline) {
-    dropped = a.keep_alive();  // only a beats
-    std::this_thread::sleep_for(50ms);
-  }
+  const auto dropped = beat_until_one_is_dropped(a);  // only a beats
   EXPECT_EQ(dropped, std::vector<std::string>{"b"});
   const auto s = a.read();
   EXPECT_EQ(s.participants.count("a"), 1u);
@@ -122,12 +129,7 @@ TEST(DynamicRendezvous, ASurvivorOfAFinishedRoundThatLostANodeJoinsAFreshRound) 
   const auto rounds = join_all(store, {"a", "b"}, settings);
   ASSERT_EQ(rounds.at(0).world_size, 2);
   DynamicRendezvous b(store, "job", "b", settings);
-  std::vector<std::string> dropped;
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (dropped.empty() && std::chrono::steady_clock::now() < deadline) {
-    dropped = b.keep_alive();  // only b beats
-    std::this_thread::sleep_for(50ms);
-  }
+  const auto dropped = beat_until_one_is_dropped(b);  // only b beats
   ASSERT_EQ(dropped, std::vector<std::string>{"a"});
   const auto again = b.next_round();
   EXPECT_EQ(again.round, 1);
@@ -151,12 +153,7 @@ TEST(DynamicRendezvous, AHeldRoundThatLostANodeKeepsItsRanksAndANewcomerTakesThe
   ASSERT_EQ(rounds.at(0).world_size, 2);
   EXPECT_TRUE(rounds.at(0).held);
   DynamicRendezvous b(store, "job", "b", settings);
-  std::vector<std::string> dropped;
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (dropped.empty() && std::chrono::steady_clock::now() < deadline) {
-    dropped = b.keep_alive();  // only b beats
-    std::this_thread::sleep_for(50ms);
-  }
+  const auto dropped = beat_until_one_is_dropped(b);  // only b beats
   ASSERT_EQ(dropped, std::vector<std::string>{"a"});
   const auto same = b.next_round();
   EXPECT_EQ(same.round, 0);
