@@ -168,6 +168,24 @@ TEST(InProcessKeys, AConfigurationErrorIsNotReplacedAndCostsNoRestart) {
   EXPECT_EQ(restarts.restarts_used(), 1);
 }
 
+// Note [A lost slot's ranks are published dead]: every incarnation the lost agents
+// could have given is dead, and the next agent of the slot starts above them.
+TEST(InProcessKeys, ALostSlotsRanksArePublishedDeadBelowTheNextAgentsWorkers) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  InProcessRestarts host(store, 3);
+  // Slot 1 was lost before its agent counted its start.
+  host.publish_lost_slot(1, 2, 2);
+  EXPECT_EQ(text(*store, "cohort/ft/dead/2"), "3");
+  EXPECT_EQ(text(*store, "cohort/ft/dead/3"), "3");
+  EXPECT_EQ(text(*store, "cohort/ft/event/2"), "dead 3 3");
+  EXPECT_EQ(InProcessRestarts(store, 3).first_incarnation(1), 4);
+  // That agent, in turn, is lost: its incarnations 4..7 are dead too.
+  host.publish_lost_slot(1, 2, 2);
+  EXPECT_EQ(text(*store, "cohort/ft/dead/3"), "7");
+  EXPECT_EQ(InProcessRestarts(store, 3).first_incarnation(1), 8);
+  EXPECT_EQ(host.restarts_used(), 0);
+}
+
 TEST(InProcessLines, SayWhatHappenedAndWhatComesNext) {
   EXPECT_EQ(death_line(1, 0, 123, SIGKILL, 1, 2),
             "cohort run: worker 1 (incarnation 0, pid 123) was killed by SIGKILL; restarting only this worker (fault "

@@ -330,4 +330,40 @@ TEST_F(FaultTolerance, AnElasticNodeThatVanishesLeavesItsSlotToTheNextAgent) {
     if (other != vanished) expect_survivor_committed_all(r0, other);
 }
 
+// Note [A lost slot's ranks are published dead]: the one-replica node's agent is
+// killed -9 as soon as its round begins, before its worker reaches the first
+// quorum, and nobody takes its slot. The host publishes its rank dead once its
+// heartbeats stop, so its two replicas form the first quorum without it at once,
+// rather than after start_timeout (5 minutes: found by review), and train to the end.
+TEST_F(FaultTolerance, AnElasticNodeLostBeforeTheFirstQuorumIsNotWaitedFor) {
+  cohort::testing::TempDir dir("cohort-ft");
+  const auto port = std::to_string(cohort::testing::free_port());
+  auto without_hold = [](std::vector<std::string> argv) {
+    argv.erase(std::find(argv.begin(), argv.end(), "--hold-last-step"));
+    return argv;
+  };
+  cohort::testing::Subprocess host(without_hold(launch_elastic(port, dir.path, 2, {})), elastic_env());
+  std::this_thread::sleep_for(300ms);
+  cohort::testing::Subprocess lost(without_hold(launch_elastic(port, dir.path, 1, {})), elastic_env());
+  ASSERT_TRUE(lost.read_until([&](const std::string&) { return first_rank_of(lost.err()) >= 0; }, 60s))
+      << lost.out() << lost.err();
+  ::kill(lost.pid(), SIGKILL);
+  const int vanished = first_rank_of(lost.err());
+  lost.finish(30s);
+  auto r0 = host.finish(90s);
+  ASSERT_FALSE(r0.timed_out) << describe(r0);
+  ASSERT_EQ(r0.exit_code, 0) << describe(r0);
+  EXPECT_NE(r0.err.find("workers " + std::to_string(vanished) + ".." + std::to_string(vanished) +
+                        " are published dead"),
+            std::string::npos)
+      << describe(r0);
+  std::vector<int> trained;
+  for (int id = 0; id < kReplicas; ++id)
+    if (id != vanished) trained.push_back(id);
+  for (int id : trained) {
+    expect_survivor_committed_all(r0, id);
+    EXPECT_LT(max_diff(load(dir.path + "/final_" + std::to_string(id) + ".pt"), reference_), 2e-5) << describe(r0);
+  }
+}
+
 }  // namespace

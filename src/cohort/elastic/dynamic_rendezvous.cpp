@@ -110,7 +110,7 @@ Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
       case JoinAction::kErrorTimeout:
         if (state.held && state.complete)  // Note [Held rounds]: a spare
           throw TimeoutError(
-              fmt::format("cohort run: waited {:.0f} s (join_timeout) as a spare for a vacant slot of this job "
+              fmt::format("waited {:.0f} s (join_timeout) as a spare for a vacant slot of this job "
                           "(--fault-tolerance in-process keeps the {} node(s) it started with, and none left{}).\n  "
                           "fix: nothing is wrong with the job; start this node again when a node is lost, or raise "
                           "--rdzv-conf join_timeout=SECONDS to keep it waiting",
@@ -118,7 +118,7 @@ Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
                           state.done.empty() ? "" : "; the job is finishing"),
               "rendezvous", {});
         throw TimeoutError(
-            fmt::format("cohort run: waited {:.0f} s (join_timeout) for a rendezvous round of {} to {} nodes; {} "
+            fmt::format("waited {:.0f} s (join_timeout) for a rendezvous round of {} to {} nodes; {} "
                         "node(s) took part, {} waited.\n  fix: start `cohort run` on more nodes with the same "
                         "--rdzv-endpoint and --rdzv-id, lower the minimum of --nnodes, or raise "
                         "--rdzv-conf join_timeout=SECONDS",

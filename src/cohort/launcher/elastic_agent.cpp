@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "cohort/comm/rendezvous.h"
@@ -53,8 +54,9 @@ std::string round_key(const Round& r, const std::string& what) { return fmt::for
 
 // Every node publishes its worker count; ranks follow node ranks. Polled, so the
 // keep-alive thread is never held up, and abandoned when the round changes (a node
-// died before publishing).
-Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const std::function<void()>& check) {
+// died before publishing). `sizes` receives every node's worker count.
+Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const std::function<void()>& check,
+                       std::vector<int>& sizes) {
   auto& store = rdzv.store();
   // Note [Held rounds]: a node that takes a vacant slot runs that slot's workers.
   const auto mine = rdzv.key(round_key(r, "size/" + std::to_string(r.rank)));
@@ -73,16 +75,43 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
   while (!store.check(keys)) {
     if (round_changed(rdzv.read(), r, rdzv.node())) throw RoundChanged{};
     if (Clock::now() >= deadline)
-      throw TimeoutError("cohort run: the nodes of the round did not all publish their worker counts within "
+      throw TimeoutError("the nodes of the round did not all publish their worker counts within "
                          "join_timeout",
                          "rendezvous", {});
     check();
     std::this_thread::sleep_for(kLook);
   }
-  std::vector<int> sizes;
+  sizes.clear();
   for (const auto& k : keys) sizes.push_back(std::stoi(util::from_bytes(store.get(k))));
   return assign_ranks(sizes, r.rank);
 }
+
+// Note [A lost slot's ranks are published dead], by the agent hosting the store.
+class VacantSlots {
+ public:
+  VacantSlots(InProcessRestarts& restarts, const Round& r, std::vector<int> sizes)
+      : restarts_(restarts), round_(r.round), sizes_(std::move(sizes)) {}
+
+  void look(const RendezvousState& s) {
+    if (s.round != round_ || !s.complete) return;
+    std::vector<bool> taken(sizes_.size(), false);
+    for (const auto& [node, rank] : s.participants)
+      if (rank >= 0 && static_cast<std::size_t>(rank) < taken.size()) taken[static_cast<std::size_t>(rank)] = true;
+    int first_rank = 0;
+    for (std::size_t slot = 0; slot < sizes_.size(); first_rank += sizes_[slot++]) {
+      if (taken[slot])
+        published_.erase(slot);  // taken again: a later loss is published again
+      else if (published_.insert(slot).second)
+        restarts_.publish_lost_slot(static_cast<int>(slot), first_rank, sizes_[slot]);
+    }
+  }
+
+ private:
+  InProcessRestarts& restarts_;
+  std::int64_t round_;
+  std::vector<int> sizes_;
+  std::set<std::size_t> published_;
+};
 
 // Note [In-process fault tolerance: the keys]: the agent's own client of the
 // workers' store, each operation bounded by 10 s.
@@ -211,10 +240,11 @@ int run_elastic_agent(const AgentSetup& setup) {
     while (true) {
       Round r;
       Assignment a;
+      std::vector<int> sizes;
       const auto joining = Clock::now();
       try {
         r = rdzv.next_round(check);
-        a = agree_ranks(rdzv, r, setup.nproc, check);
+        a = agree_ranks(rdzv, r, setup.nproc, check, sizes);
       } catch (const RoundChanged&) {
         rdzv.leave();
         continue;
@@ -234,9 +264,11 @@ int run_elastic_agent(const AgentSetup& setup) {
       context.max_restarts = static_cast<int>(max_restarts);  // the job's, not this agent's flag
       // Note [Held rounds]: a dead worker is replaced alone (launcher/in_process.h).
       std::optional<InProcessRestarts> in_process;
+      std::optional<VacantSlots> vacant;
       if (r.held) {
         in_process.emplace(workers_view(*store.client, env.at("COHORT_STORE_PREFIX")), static_cast<int>(max_restarts));
         context.first_incarnation = in_process->first_incarnation(a.group_rank);
+        if (hosting) vacant.emplace(*in_process, r, sizes);
       }
       const auto started = Clock::now();
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),
@@ -246,7 +278,9 @@ int run_elastic_agent(const AgentSetup& setup) {
             [&](const WorkerOutcome& dead, int incarnation) { return in_process->on_death(dead, incarnation); });
       group.on_tick([&] {
         keep_alive.rethrow();
-        return watch->sighting() || round_changed(rdzv.read(), r, rdzv.node());
+        const auto s = rdzv.read();
+        if (vacant) vacant->look(s);
+        return watch->sighting() || round_changed(s, r, rdzv.node());
       });
       const auto result = group.monitor();
       group.print_report();
@@ -315,6 +349,10 @@ int run_elastic_agent(const AgentSetup& setup) {
                              "(failure restart {} of {})\n",
                      s.restarts, max_restarts);
           pause_before_restart(ran_for);
+        } else if (r.held) {
+          fmt::print(stderr, "cohort run: this node was dropped from the job (its heartbeats were late) and its "
+                             "workers were stopped; it joins again as a newcomer, into a vacant slot (no restart "
+                             "used)\n");
         } else {
           fmt::print(stderr, "cohort run: the job's membership changed; restarting the workers at the new size "
                              "(no restart used)\n");

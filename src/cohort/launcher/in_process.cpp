@@ -95,6 +95,23 @@ FailureAction InProcessRestarts::on_death(const WorkerOutcome& outcome, int inca
   return replace ? FailureAction::kReplace : FailureAction::kLeave;
 }
 
+void InProcessRestarts::publish_lost_slot(int slot, int first_rank, int count) {
+  try {
+    auto starts = store_->add(ft_node_starts_key(slot), 0);
+    if (starts == 0) starts = store_->add(ft_node_starts_key(slot), 1);  // lost before it counted itself
+    const auto last = static_cast<int>(starts * (max_restarts_ + 1) - 1);
+    for (int rank = first_rank; rank < first_rank + count; ++rank) publish_death(*store_, rank, last);
+    fmt::print(stderr, "cohort run: node slot {} is vacant (its agent stopped sending heartbeats); its workers {}..{} "
+                       "are published dead for the others, who train on without them\n",
+               slot, first_rank, first_rank + count - 1);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "cohort run: warning: could not publish the workers of vacant node slot {} as dead: {}; the "
+                       "others drop them at their deadlines\n",
+               slot, e.what());
+  }
+  std::fflush(stderr);
+}
+
 std::string InProcessRestarts::summary(const std::vector<WorkerOutcome>& in_exit_order) const {
   std::map<int, bool> failed;  // by local rank; a later incarnation's exit overwrites an earlier one's
   for (const auto& o : in_exit_order) failed[o.slot.local_rank] = !o.succeeded();

@@ -73,6 +73,19 @@ std::string death_line(int rank, int incarnation, pid_t pid, int wait_status, in
 // --frozen-timeout, which in-process mode does not kill.
 std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_timeout);
 
+// Note [A lost slot's ranks are published dead]
+// Under the elastic rendezvous (Note [Held rounds] in elastic/rendezvous_state.h) a
+// node whose heartbeats stop leaves its slot vacant, and its workers' deaths were
+// never published: its agent went with them. The survivors would learn of them only
+// at their deadlines, and before the first quorum that is start_timeout (minutes:
+// found by review). So the agent hosting the store, which outlives every other,
+// publishes them as soon as it sees the slot vacant: each rank of the slot dead up
+// to incarnation n * (--max-restarts + 1) - 1, with n the slot's starts so far
+// (Note [A node started again]), i.e. every incarnation the lost agent could have
+// given. A slot whose agent was lost before it counted its start is counted for it,
+// so the next agent's workers (incarnation n * (--max-restarts + 1)) are above the
+// published number. Once per vacancy; a slot taken and lost again is published again.
+
 // Note [A restart that cannot help]
 // A replacement gets exactly its rank's environment (Note [A replacement is its
 // rank]), so a worker that stopped on a cohort::ConfigError (its error file says so:
@@ -101,6 +114,11 @@ class InProcessRestarts {
   // incarnation of its first workers (Note [A node started again]). A store that
   // fails is an error: the workers could not be told apart from earlier ones.
   int first_incarnation(int node_rank);
+
+  // Note [A lost slot's ranks are published dead]: publishes the deaths of ranks
+  // first_rank .. first_rank + count - 1, the workers of node slot `slot`, up to the
+  // last incarnation its agents so far could have given.
+  void publish_lost_slot(int slot, int first_rank, int count);
 
   // "cohort run: fault tolerance in-process: N worker(s) not replaced or failed in
   // their last incarnation, ...", for a group whose workers have all exited.
