@@ -173,16 +173,22 @@ TEST(InProcessKeys, AConfigurationErrorIsNotReplacedAndCostsNoRestart) {
 TEST(InProcessKeys, ALostSlotsRanksArePublishedDeadBelowTheNextAgentsWorkers) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   InProcessRestarts host(store, 3);
+  auto vacant = [] { return true; };
   // Slot 1 was lost before its agent counted its start.
-  host.publish_lost_slot(1, 2, 2);
+  EXPECT_TRUE(host.publish_lost_slot(1, 2, 2, vacant));
   EXPECT_EQ(text(*store, "cohort/ft/dead/2"), "3");
   EXPECT_EQ(text(*store, "cohort/ft/dead/3"), "3");
   EXPECT_EQ(text(*store, "cohort/ft/event/2"), "dead 3 3");
   EXPECT_EQ(InProcessRestarts(store, 3).first_incarnation(1), 4);
   // That agent, in turn, is lost: its incarnations 4..7 are dead too.
-  host.publish_lost_slot(1, 2, 2);
+  EXPECT_TRUE(host.publish_lost_slot(1, 2, 2, vacant));
   EXPECT_EQ(text(*store, "cohort/ft/dead/3"), "7");
+  // A newcomer took the slot while the starts were read: nothing is published, so
+  // its workers (8..11) are not marked dead.
   EXPECT_EQ(InProcessRestarts(store, 3).first_incarnation(1), 8);
+  EXPECT_FALSE(host.publish_lost_slot(1, 2, 2, [] { return false; }));
+  EXPECT_EQ(text(*store, "cohort/ft/dead/3"), "7");
+  EXPECT_EQ(store->add("cohort/ft/events", 0), 4);
   EXPECT_EQ(host.restarts_used(), 0);
 }
 

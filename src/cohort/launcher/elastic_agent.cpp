@@ -89,25 +89,34 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
 // Note [A lost slot's ranks are published dead], by the agent hosting the store.
 class VacantSlots {
  public:
-  VacantSlots(InProcessRestarts& restarts, const Round& r, std::vector<int> sizes)
-      : restarts_(restarts), round_(r.round), sizes_(std::move(sizes)) {}
+  VacantSlots(InProcessRestarts& restarts, DynamicRendezvous& rdzv, const Round& r, std::vector<int> sizes)
+      : restarts_(restarts), rdzv_(rdzv), round_(r.round), sizes_(std::move(sizes)) {}
 
   void look(const RendezvousState& s) {
     if (s.round != round_ || !s.complete) return;
-    std::vector<bool> taken(sizes_.size(), false);
-    for (const auto& [node, rank] : s.participants)
-      if (rank >= 0 && static_cast<std::size_t>(rank) < taken.size()) taken[static_cast<std::size_t>(rank)] = true;
     int first_rank = 0;
     for (std::size_t slot = 0; slot < sizes_.size(); first_rank += sizes_[slot++]) {
-      if (taken[slot])
+      if (taken(s, slot)) {
         published_.erase(slot);  // taken again: a later loss is published again
-      else if (published_.insert(slot).second)
-        restarts_.publish_lost_slot(static_cast<int>(slot), first_rank, sizes_[slot]);
+      } else if (!published_.count(slot)) {
+        const bool published = restarts_.publish_lost_slot(static_cast<int>(slot), first_rank, sizes_[slot], [&] {
+          const auto now = rdzv_.read();
+          return now.round == round_ && !taken(now, slot);
+        });
+        if (published) published_.insert(slot);
+      }
     }
   }
 
  private:
+  static bool taken(const RendezvousState& s, std::size_t slot) {
+    for (const auto& [node, rank] : s.participants)
+      if (rank == static_cast<int>(slot)) return true;
+    return false;
+  }
+
   InProcessRestarts& restarts_;
+  DynamicRendezvous& rdzv_;
   std::int64_t round_;
   std::vector<int> sizes_;
   std::set<std::size_t> published_;
@@ -268,7 +277,7 @@ int run_elastic_agent(const AgentSetup& setup) {
       if (r.held) {
         in_process.emplace(workers_view(*store.client, env.at("COHORT_STORE_PREFIX")), static_cast<int>(max_restarts));
         context.first_incarnation = in_process->first_incarnation(a.group_rank);
-        if (hosting) vacant.emplace(*in_process, r, sizes);
+        if (hosting) vacant.emplace(*in_process, rdzv, r, sizes);
       }
       const auto started = Clock::now();
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),

@@ -95,10 +95,12 @@ FailureAction InProcessRestarts::on_death(const WorkerOutcome& outcome, int inca
   return replace ? FailureAction::kReplace : FailureAction::kLeave;
 }
 
-void InProcessRestarts::publish_lost_slot(int slot, int first_rank, int count) {
+bool InProcessRestarts::publish_lost_slot(int slot, int first_rank, int count,
+                                          const std::function<bool()>& still_vacant) {
   try {
     auto starts = store_->add(ft_node_starts_key(slot), 0);
     if (starts == 0) starts = store_->add(ft_node_starts_key(slot), 1);  // lost before it counted itself
+    if (!still_vacant()) return false;  // a newcomer took it: its workers are not to be marked
     const auto last = static_cast<int>(starts * (max_restarts_ + 1) - 1);
     for (int rank = first_rank; rank < first_rank + count; ++rank) publish_death(*store_, rank, last);
     fmt::print(stderr, "cohort run: node slot {} is vacant (its agent stopped sending heartbeats); its workers {}..{} "
@@ -110,6 +112,7 @@ void InProcessRestarts::publish_lost_slot(int slot, int first_rank, int count) {
                slot, e.what());
   }
   std::fflush(stderr);
+  return true;
 }
 
 std::string InProcessRestarts::summary(const std::vector<WorkerOutcome>& in_exit_order) const {

@@ -37,6 +37,7 @@
 // incarnation that died and the root-cause report stays right.
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,10 @@ std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_time
 // given. A slot whose agent was lost before it counted its start is counted for it,
 // so the next agent's workers (incarnation n * (--max-restarts + 1)) are above the
 // published number. Once per vacancy; a slot taken and lost again is published again.
+// The slot's starts are read before the record is looked at again: a newcomer takes
+// the slot in the record first and counts its start after, so either the second look
+// sees it (nothing is published) or its count comes after the one read, and its
+// workers are above the published number (found by review, as a race in theory).
 
 // Note [A restart that cannot help]
 // A replacement gets exactly its rank's environment (Note [A replacement is its
@@ -117,8 +122,10 @@ class InProcessRestarts {
 
   // Note [A lost slot's ranks are published dead]: publishes the deaths of ranks
   // first_rank .. first_rank + count - 1, the workers of node slot `slot`, up to the
-  // last incarnation its agents so far could have given.
-  void publish_lost_slot(int slot, int first_rank, int count);
+  // last incarnation its agents so far could have given, unless `still_vacant`,
+  // asked once the slot's starts are read, says a newcomer has taken the slot.
+  // Returns whether it published.
+  bool publish_lost_slot(int slot, int first_rank, int count, const std::function<bool()>& still_vacant);
 
   // "cohort run: fault tolerance in-process: N worker(s) not replaced or failed in
   // their last incarnation, ...", for a group whose workers have all exited.
