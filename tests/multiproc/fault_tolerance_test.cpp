@@ -132,6 +132,12 @@ TEST(FaultToleranceInput, AnIncarnationThatIsNotAWholeNumberIsNamed) {
   }
 }
 
+// `argv` without --hold-last-step: a test whose replicas finish without a missing one.
+std::vector<std::string> without_hold(std::vector<std::string> argv) {
+  argv.erase(std::find(argv.begin(), argv.end(), "--hold-last-step"));
+  return argv;
+}
+
 // Two static nodes on this host (Note [In-process fault tolerance needs static
 // nodes]): node 0 runs replicas 0 and 1 and hosts the store, node 1 runs replica 2.
 std::vector<std::string> launch_node(int node, const std::string& port, const std::string& out,
@@ -166,10 +172,6 @@ TEST_F(FaultTolerance, AWorkerOfTheSecondNodeIsReplacedByItsOwnAgent) {
 TEST_F(FaultTolerance, AReplicaStartedWithOtherSettingsIsRefusedAndTheOthersTrainOn) {
   cohort::testing::TempDir dir("cohort-ft");
   const auto port = std::to_string(cohort::testing::free_port());
-  auto without_hold = [](std::vector<std::string> argv) {
-    argv.erase(std::find(argv.begin(), argv.end(), "--hold-last-step"));
-    return argv;
-  };
   // Node 1 starts first, so that its replica is often the first to reach the store:
   // replica 0's settings are the job's whatever the order.
   auto node1_argv = without_hold(launch_node(1, port, dir.path, {}));
@@ -338,10 +340,6 @@ TEST_F(FaultTolerance, AnElasticNodeThatVanishesLeavesItsSlotToTheNextAgent) {
 TEST_F(FaultTolerance, AnElasticNodeLostBeforeTheFirstQuorumIsNotWaitedFor) {
   cohort::testing::TempDir dir("cohort-ft");
   const auto port = std::to_string(cohort::testing::free_port());
-  auto without_hold = [](std::vector<std::string> argv) {
-    argv.erase(std::find(argv.begin(), argv.end(), "--hold-last-step"));
-    return argv;
-  };
   cohort::testing::Subprocess host(without_hold(launch_elastic(port, dir.path, 2, {})), elastic_env());
   std::this_thread::sleep_for(300ms);
   cohort::testing::Subprocess lost(without_hold(launch_elastic(port, dir.path, 1, {})), elastic_env());
