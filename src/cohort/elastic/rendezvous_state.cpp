@@ -257,13 +257,15 @@ bool adopt_held(RendezvousState& state, bool mine) {
   return state.held;
 }
 
+bool slot_taken(const RendezvousState& state, int slot) {
+  return std::any_of(state.participants.begin(), state.participants.end(),
+                     [&](const auto& participant) { return participant.second == slot; });
+}
+
 int vacant_slot(const RendezvousState& state) {
   if (!state.complete || !state.held) return -1;
-  std::vector<bool> taken(static_cast<std::size_t>(state.slots), false);
-  for (const auto& [node, rank] : state.participants)
-    if (rank >= 0 && rank < state.slots) taken[static_cast<std::size_t>(rank)] = true;
   for (int slot = 0; slot < state.slots; ++slot)
-    if (!taken[static_cast<std::size_t>(slot)]) return slot;
+    if (!slot_taken(state, slot)) return slot;
   return -1;
 }
 

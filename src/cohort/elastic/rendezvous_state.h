@@ -48,7 +48,8 @@
 // once a held round is complete its shape is the job's for good: `slots` node ranks,
 // each with the same workers and global ranks. A node that leaves or stops sending
 // heartbeats leaves its slot vacant and the round goes on (the others are not
-// stopped; their workers drop its ranks at their deadlines). A node that arrives
+// stopped; the agent hosting the store publishes its ranks dead: Note [A lost
+// slot's ranks are published dead] in launcher/in_process.h). A node that arrives
 // while a slot is vacant takes the lowest one (kTakeSlot) and starts its workers as
 // new incarnations of that slot's ranks, which take the state from a live peer. With
 // no slot vacant it waits, as a spare, for one (bounded by join_timeout). Nothing
@@ -192,6 +193,8 @@ std::pair<int, int> adopt_nnodes(RendezvousState& state, int min_nodes, int max_
 // when no agent has fixed the job's settings yet (max_nodes still 0; call it before
 // adopt_nnodes). An agent that differs is refused by the caller.
 bool adopt_held(RendezvousState& state, bool mine);
+// Whether a participant holds node rank `slot`.
+bool slot_taken(const RendezvousState& state, int slot);
 // The lowest slot of a complete held round that no participant holds, or -1.
 int vacant_slot(const RendezvousState& state);
 

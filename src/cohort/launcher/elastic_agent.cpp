@@ -68,7 +68,7 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
                                    "with.\n  fix: start this node with --nproc-per-node {}",
                                    nproc, r.rank, slot_size, slot_size));
   }
-  store.set(rdzv.key(round_key(r, "size/" + std::to_string(r.rank))), util::to_bytes(std::to_string(nproc)));
+  store.set(mine, util::to_bytes(std::to_string(nproc)));
   std::vector<std::string> keys;
   for (int n = 0; n < r.world_size; ++n) keys.push_back(rdzv.key(round_key(r, "size/" + std::to_string(n))));
   const auto deadline = Clock::now() + rdzv.settings().join_timeout();
@@ -95,13 +95,16 @@ class VacantSlots {
   void look(const RendezvousState& s) {
     if (s.round != round_ || !s.complete) return;
     int first_rank = 0;
-    for (std::size_t slot = 0; slot < sizes_.size(); first_rank += sizes_[slot++]) {
-      if (taken(s, slot)) {
+    for (int slot = 0; slot < static_cast<int>(sizes_.size()); ++slot) {
+      const int count = sizes_[static_cast<std::size_t>(slot)];
+      const int first = first_rank;
+      first_rank += count;
+      if (elastic::slot_taken(s, slot)) {
         published_.erase(slot);  // taken again: a later loss is published again
       } else if (!published_.count(slot)) {
-        const bool published = restarts_.publish_lost_slot(static_cast<int>(slot), first_rank, sizes_[slot], [&] {
+        const bool published = restarts_.publish_lost_slot(slot, first, count, [&] {
           const auto now = rdzv_.read();
-          return now.round == round_ && !taken(now, slot);
+          return now.round == round_ && !elastic::slot_taken(now, slot);
         });
         if (published) published_.insert(slot);
       }
@@ -109,17 +112,11 @@ class VacantSlots {
   }
 
  private:
-  static bool taken(const RendezvousState& s, std::size_t slot) {
-    for (const auto& [node, rank] : s.participants)
-      if (rank == static_cast<int>(slot)) return true;
-    return false;
-  }
-
   InProcessRestarts& restarts_;
   DynamicRendezvous& rdzv_;
   std::int64_t round_;
   std::vector<int> sizes_;
-  std::set<std::size_t> published_;
+  std::set<int> published_;
 };
 
 // Note [In-process fault tolerance: the keys]: the agent's own client of the
