@@ -1,9 +1,10 @@
 // The strategies on one GPU (labelled `gpu`, like gpu_test.cpp and nccl_test.cpp):
 // the in-process pipeline with parts on the GPU and on the CPU, ZeRO stages 1, 2 and
 // 3 over NCCL in a world of one, checkpoints that cross between the GPU and the CPU,
-// and the timeline of a DDP step over NCCL. Each is checked against the same model
-// computed on the CPU in double precision in the same test, or against the saved
-// tensors themselves, and fails (not skips) when started without a GPU.
+// and the timeline of a DDP step over NCCL with its device track (CUDA events). Each
+// is checked against the same model computed on the CPU in double precision in the
+// same test, or against the saved tensors themselves, or against the order the GPU
+// must run its work in, and fails (not skips) when started without a GPU.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
@@ -23,6 +24,7 @@
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/pipeline/local_pipeline.h"
 #include "cohort/pipeline/split.h"
+#include "cohort/trace/device_clock.h"
 #include "cohort/trace/timeline.h"
 #include "cohort/trace/world_timeline.h"
 #include "cohort/zero/fully_shard.h"
@@ -441,12 +443,19 @@ TEST(GpuTimeline, DdpStepsAndNcclCollectivesOnCudaAreOnTheTimelineWithSaneTimesA
   const auto doc = nlohmann::json::parse(in);
   const double offset = timeline->clock_offset_us();
   // 1 us for the two ways of turning a steady_clock reading into microseconds.
-  auto inside = [&](double ts) { return ts >= before_us + offset - 1 && ts <= after_us + offset + 1; };
+  // 1 us for the two ways of turning a steady_clock reading into microseconds; on
+  // the device's track, 200 us more for the anchor's and the events' error (Note
+  // [Device time on the host's clock]).
+  auto inside = [&](double ts, bool on_device) {
+    const double slack = on_device ? 201 : 1;
+    return ts >= before_us + offset - slack && ts <= after_us + offset + slack;
+  };
 
   struct Async {
     std::string name, cat;
     double begin = NAN, end = NAN;
     std::int64_t bytes = -1, step = -1;
+    bool on_device = false;
   };
   std::map<std::uint64_t, Async> asyncs;
   std::set<std::string> names;
@@ -456,12 +465,14 @@ TEST(GpuTimeline, DdpStepsAndNcclCollectivesOnCudaAreOnTheTimelineWithSaneTimesA
     const auto name = e.at("name").get<std::string>();
     names.insert(name);
     const double ts = e.at("ts").get<double>();
-    EXPECT_TRUE(std::isfinite(ts) && inside(ts)) << e.dump();
+    const bool on_device = e.at("tid") == cohort::trace::kDeviceTrack;
+    EXPECT_TRUE(std::isfinite(ts) && inside(ts, on_device)) << e.dump();
     if (ph == "X") {
       const double dur = e.at("dur").get<double>();
-      EXPECT_TRUE(std::isfinite(dur) && dur >= 0 && inside(ts + dur)) << e.dump();
+      EXPECT_TRUE(std::isfinite(dur) && dur >= 0 && inside(ts + dur, on_device)) << e.dump();
     } else if (ph == "b" || ph == "e") {
       auto& a = asyncs[e.at("id").get<std::uint64_t>()];
+      a.on_device = on_device;
       a.name = name;
       a.cat = e.at("cat").get<std::string>();
       a.step = e.at("args").at("step").get<std::int64_t>();
@@ -473,24 +484,90 @@ TEST(GpuTimeline, DdpStepsAndNcclCollectivesOnCudaAreOnTheTimelineWithSaneTimesA
        {"step", "bucket 0", "bucket 0 ready", "ddp wait and copy back", "all_reduce", "broadcast", "all_gather"})
     EXPECT_TRUE(names.count(n)) << n << " is not on the timeline";
 
-  std::map<std::int64_t, std::int64_t> bucket_bytes;  // per step
-  std::multiset<std::string> collectives;             // "name step bytes"
+  std::map<std::int64_t, std::int64_t> bucket_bytes;      // per step
+  std::multiset<std::string> collectives, on_the_device;  // "name step bytes"
   for (const auto& [id, a] : asyncs) {
     ASSERT_TRUE(std::isfinite(a.begin) && std::isfinite(a.end)) << a.name << " has no begin or no end";
     EXPECT_GE(a.end - a.begin, 0) << a.name << " ends before it begins";
     if (a.name.rfind("bucket ", 0) == 0) {
       EXPECT_EQ(a.cat, "ddp") << a.name;
+      EXPECT_FALSE(a.on_device) << a.name;
       bucket_bytes[a.step] += a.bytes;
     } else {
       EXPECT_EQ(a.cat, "collective") << a.name;
-      collectives.insert(a.name + " " + std::to_string(a.step) + " " + std::to_string(a.bytes));
+      (a.on_device ? on_the_device : collectives)
+          .insert(a.name + " " + std::to_string(a.step) + " " + std::to_string(a.bytes));
     }
   }
+  // Every collective on the GPU's tensors is drawn again where the GPU ran it.
+  EXPECT_EQ(on_the_device, collectives);
+  EXPECT_EQ(doc.at("otherData").at("device"), "cuda:0");
+  EXPECT_EQ(doc.at("otherData").at("device_events_unfinished"), 0);
   // Every step's buckets carry every parameter's gradient once.
   EXPECT_EQ(bucket_bytes[1], parameter_bytes);
   EXPECT_EQ(bucket_bytes[2], parameter_bytes);
   for (const char* c : {"all_reduce 1 8", "all_reduce 2 8", "all_reduce 3 8000", "broadcast 3 128", "all_gather 3 32"})
     EXPECT_EQ(collectives.count(c), 1u) << c << " is not on the timeline once";
+}
+
+// The device's track shows where the GPU worked: a phase that only queues kernels
+// ends on the host long before its kernels end on the GPU, and a collective launched
+// after it starts on the GPU only once those kernels are done (stream order), though
+// the host launched it while the GPU was still busy.
+TEST(GpuTimeline, APhaseAndACollectiveAreDrawnWhereTheGpuRanThem) {
+  ASSERT_GT(gpus(), 0) << "a gpu test started without a GPU";
+  cohort::testing::TempDir dir("cohort-gpu-device-track");
+  auto world = nccl_world_of_one(
+      cohort::trace::traced(nccl_options(), cohort::trace::TimelineOptions().directory(dir.path)));
+  auto timeline = cohort::trace::timeline_of(world);
+  ASSERT_NE(timeline, nullptr);
+  ASSERT_NE(timeline->device_clock(), nullptr) << "a world on the GPU got no device clock";
+  ASSERT_EQ(timeline->device_clock()->device(), kGpu);
+  torch::manual_seed(0);
+  const auto a = torch::randn({4096, 4096}, torch::TensorOptions().device(kGpu));
+  auto c = torch::mm(a, a);  // cuBLAS's set-up, outside the phase
+  torch::cuda::synchronize();
+
+  cohort::trace::step(timeline.get(), 1);
+  {
+    cohort::trace::Span s(timeline.get(), "matmuls");
+    for (int i = 0; i < 40; ++i) c = torch::mm(c, a).div_(64);  // 5.5 TFLOP: tens of ms on one GPU
+  }
+  world.group().all_reduce(c);
+  torch::cuda::synchronize();
+  const double done_us = cohort::trace::Timeline::now_us();
+  timeline->write();
+  EXPECT_EQ(timeline->device_unfinished(), 0u);
+
+  std::ifstream in(std::filesystem::path(dir.path) / "rank-0.json");
+  const auto doc = nlohmann::json::parse(in);
+  const double offset = timeline->clock_offset_us();
+  const double slack = 200;  // the anchor's and the events' error, in us
+  struct Found {
+    double ts = NAN, dur = NAN;
+  };
+  Found host_phase, device_phase, host_collective, device_collective;
+  for (const auto& e : doc.at("traceEvents")) {
+    const auto ph = e.at("ph").get<std::string>();
+    if (ph == "M") continue;
+    const bool on_device = e.at("tid") == cohort::trace::kDeviceTrack;
+    const auto name = e.at("name").get<std::string>();
+    if (name == "matmuls" && ph == "X")
+      (on_device ? device_phase : host_phase) = {e.at("ts").get<double>() - offset, e.at("dur").get<double>()};
+    if (name == "all_reduce" && ph == "b")
+      (on_device ? device_collective : host_collective).ts = e.at("ts").get<double>() - offset;
+  }
+  ASSERT_TRUE(std::isfinite(host_phase.ts) && std::isfinite(device_phase.ts)) << doc.dump();
+  ASSERT_TRUE(std::isfinite(host_collective.ts) && std::isfinite(device_collective.ts)) << doc.dump();
+  const double host_end = host_phase.ts + host_phase.dur;
+  const double device_end = device_phase.ts + device_phase.dur;
+  EXPECT_GT(device_phase.dur, 5000) << "40 matmuls of 4096 took under 5 ms on the device's track";
+  EXPECT_GT(device_phase.dur, host_phase.dur) << "the host only queued them";
+  EXPECT_GE(device_phase.ts, host_phase.ts - slack) << "the GPU started before the host queued the work";
+  EXPECT_GT(device_end, host_end) << "the GPU finished before the host left the phase";
+  EXPECT_LE(device_end, done_us + slack) << "the GPU finished after synchronize() returned";
+  EXPECT_LT(host_collective.ts, device_end) << "the host launched the all_reduce while the GPU was still busy";
+  EXPECT_GE(device_collective.ts, device_end - slack) << "the all_reduce ran before the phase's kernels were done";
 }
 
 }  // namespace

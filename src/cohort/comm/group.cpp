@@ -141,14 +141,17 @@ GroupState::~GroupState() = default;
 // ---- Pending ---------------------------------------------------------------
 
 Pending::Pending(std::shared_ptr<GroupState> group, c10::intrusive_ptr<compat::Work> work, const char* op,
-                 std::int64_t seq, std::function<void()> finish, double started_us, std::int64_t bytes)
+                 std::int64_t seq, std::function<void()> finish, double started_us, std::int64_t bytes,
+                 std::optional<c10::Device> device, std::shared_ptr<DeviceMark> device_start)
     : group_(std::move(group)),
       work_(std::move(work)),
       op_(op),
       seq_(seq),
       finish_(std::move(finish)),
       started_us_(started_us),
-      bytes_(bytes) {}
+      bytes_(bytes),
+      device_(device),
+      device_start_(std::move(device_start)) {}
 
 void Pending::wait() {
   if (!work_) return;
@@ -159,6 +162,13 @@ void Pending::wait() {
     throw;
   } catch (const std::exception& e) {
     throw_diagnosed(*group_, op_, seq_, e.what());
+  }
+  // On a device that runs asynchronously, the wait above queued the stream's wait for
+  // the result: the mark after it is where the stream has the result, before finish_'s
+  // own kernels (Note [Device time on the host's clock]).
+  if (device_start_ && group_->recorder) {
+    auto end = group_->recorder->device_mark(*device_);
+    if (end) group_->recorder->device_async(op_, "collective", std::move(device_start_), std::move(end), bytes_);
   }
   if (finish_) finish_();
   // In flight from launch to this wait: drawn as an async event, since an operation
@@ -189,20 +199,24 @@ std::chrono::milliseconds Group::timeout() const { return checked("timeout").tim
 compat::Backend& Group::backend() const { return *checked("backend").backend; }
 Recorder* Group::recorder() const { return state_ ? state_->recorder.get() : nullptr; }
 
-Pending Group::launch(const char* op, std::int64_t bytes,
+Pending Group::launch(const char* op, std::optional<c10::Device> device, std::int64_t bytes,
                       const std::function<c10::intrusive_ptr<compat::Work>()>& issue, std::function<void()> finish,
                       bool checkable) {
   auto& g = *state_;
-  const double started = g.recorder && g.recorder->recording() ? steady_now_us() : -1;
+  const bool recording = g.recorder && g.recorder->recording();
+  const double started = recording ? steady_now_us() : -1;
   auto seq = g.board->enter(op);
   // CPU fingerprints: Gloo only (NCCL pairs by size on the device, and fails there).
   if (g.check_collectives && checkable && op_code(op) >= 0 && g.global_ranks.size() > 1 &&
       g.backend->getBackendName() != "nccl")
     check_same_call(g, op, seq, bytes);
   c10::intrusive_ptr<compat::Work> work;
+  std::shared_ptr<DeviceMark> device_start;
   try {
     std::unique_lock<std::mutex> lock(gloo_launch_mutex(), std::defer_lock);  // Note [One Gloo launch at a time]
     if (g.backend->getBackendName() == "gloo") lock.lock();
+    // Marked before the issue: the backend's stream starts from this point of ours.
+    if (recording && device) device_start = g.recorder->device_mark(*device);
     work = issue();
   } catch (const std::exception& e) {
     // The backend refused the call itself (dtype, shape, device): this rank's input,
@@ -210,12 +224,12 @@ Pending Group::launch(const char* op, std::int64_t bytes,
     throw ConfigError(fmt::format("cohort: rank {}: {} #{} of group '{}' was refused by the {} backend: {}",
                                   g.global_rank, op, seq, g.name, g.backend->getBackendName(), e.what()));
   }
-  return Pending(state_, std::move(work), op, seq, std::move(finish), started, bytes);
+  return Pending(state_, std::move(work), op, seq, std::move(finish), started, bytes, device, std::move(device_start));
 }
 
 Pending Group::track(c10::intrusive_ptr<compat::Work> work, const char* op, std::int64_t bytes) {
   checked(op);
-  return launch(op, bytes, [&] { return work; }, nullptr, /*checkable=*/false);
+  return launch(op, std::nullopt, bytes, [&] { return work; }, nullptr, /*checkable=*/false);
 }
 
 Pending Group::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
@@ -230,7 +244,8 @@ Pending Group::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
   opts.timeout = g.timeout;
   std::function<void()> finish;
   if (op == ReduceOp::kAvg) finish = [tensor, n = size()]() mutable { tensor.div_(n); };
-  return launch("all_reduce", tensor.nbytes(), [&] { return g.backend->allreduce(tensors, opts); }, std::move(finish));
+  return launch("all_reduce", tensor.device(), tensor.nbytes(), [&] { return g.backend->allreduce(tensors, opts); },
+                std::move(finish));
 }
 
 void Group::all_reduce(at::Tensor& tensor, ReduceOp op) { all_reduce_async(tensor, op).wait(); }
@@ -246,7 +261,7 @@ Pending Group::reduce_async(at::Tensor& tensor, int root, ReduceOp op) {
   opts.reduceOp = to_c10d(op);
   opts.rootRank = root;
   opts.timeout = g.timeout;
-  return launch("reduce", tensor.nbytes(), [&] { return g.backend->reduce(tensors, opts); });
+  return launch("reduce", tensor.device(), tensor.nbytes(), [&] { return g.backend->reduce(tensors, opts); });
 }
 
 Pending Group::broadcast_async(at::Tensor& tensor, int root) {
@@ -257,7 +272,7 @@ Pending Group::broadcast_async(at::Tensor& tensor, int root) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = g.timeout;
-  return launch("broadcast", tensor.nbytes(), [&] { return g.backend->broadcast(tensors, opts); });
+  return launch("broadcast", tensor.device(), tensor.nbytes(), [&] { return g.backend->broadcast(tensors, opts); });
 }
 
 void Group::broadcast(at::Tensor& tensor, int root) { broadcast_async(tensor, root).wait(); }
@@ -277,7 +292,8 @@ Pending Group::all_gather_async(const at::Tensor& tensor, std::vector<at::Tensor
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = g.timeout;
-  return launch("all_gather", tensor.nbytes() * size(), [&] { return g.backend->allgather(outputs, inputs, opts); });
+  return launch("all_gather", tensor.device(), tensor.nbytes() * size(),
+                [&] { return g.backend->allgather(outputs, inputs, opts); });
 }
 
 Pending Group::all_gather_into_async(const at::Tensor& tensor, std::vector<at::Tensor> parts) {
@@ -288,7 +304,8 @@ Pending Group::all_gather_into_async(const at::Tensor& tensor, std::vector<at::T
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = g.timeout;
-  return launch("all_gather", tensor.nbytes() * size(), [&] { return g.backend->allgather(outputs, inputs, opts); });
+  return launch("all_gather", tensor.device(), tensor.nbytes() * size(),
+                [&] { return g.backend->allgather(outputs, inputs, opts); });
 }
 
 Pending Group::reduce_scatter_async(at::Tensor& input, at::Tensor& output) {
@@ -301,7 +318,8 @@ Pending Group::reduce_scatter_async(at::Tensor& input, at::Tensor& output) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(ReduceOp::kSum);
     opts.timeout = g.timeout;
-    return launch("reduce_scatter", input.nbytes(), [&] { return g.backend->_reduce_scatter_base(output, input, opts); });
+    return launch("reduce_scatter", input.device(), input.nbytes(),
+                  [&] { return g.backend->_reduce_scatter_base(output, input, opts); });
   }
   std::vector<at::Tensor> tensors{input};
   c10d::AllreduceOptions opts;
@@ -310,7 +328,7 @@ Pending Group::reduce_scatter_async(at::Tensor& input, at::Tensor& output) {
   auto finish = [input, output, chunk = output.numel(), r = rank()]() mutable {
     output.copy_(input.narrow(0, chunk * r, chunk));
   };
-  return launch("reduce_scatter", input.nbytes(), [&] { return g.backend->allreduce(tensors, opts); },
+  return launch("reduce_scatter", input.device(), input.nbytes(), [&] { return g.backend->allreduce(tensors, opts); },
                 std::move(finish));
 }
 
@@ -329,7 +347,9 @@ at::Tensor Group::reduce_scatter(const at::Tensor& input, ReduceOp op) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
     opts.timeout = g.timeout;
-    launch("reduce_scatter", input.nbytes(), [&] { return g.backend->_reduce_scatter_base(output, in, opts); }).wait();
+    launch("reduce_scatter", input.device(), input.nbytes(),
+           [&] { return g.backend->_reduce_scatter_base(output, in, opts); })
+        .wait();
     if (op == ReduceOp::kAvg) output.div_(n);
     return output;
   }
@@ -344,7 +364,7 @@ void Group::barrier() {
   auto& g = checked("barrier");
   c10d::BarrierOptions opts;
   opts.timeout = g.timeout;
-  launch("barrier", 0, [&] { return g.backend->barrier(opts); }).wait();
+  launch("barrier", std::nullopt, 0, [&] { return g.backend->barrier(opts); }).wait();
 }
 
 namespace {
@@ -365,7 +385,7 @@ Pending Group::send_async(const at::Tensor& tensor, int dst, int tag) {
   check_tensor(g, "send", tensor);
   check_peer(g, "send", dst, "destination");
   std::vector<at::Tensor> tensors{tensor};
-  return launch("send", tensor.nbytes(), [&] { return g.backend->send(tensors, dst, tag); });
+  return launch("send", tensor.device(), tensor.nbytes(), [&] { return g.backend->send(tensors, dst, tag); });
 }
 
 Pending Group::recv_async(at::Tensor& tensor, int src, int tag) {
@@ -373,7 +393,7 @@ Pending Group::recv_async(at::Tensor& tensor, int src, int tag) {
   check_tensor(g, "recv", tensor);
   check_peer(g, "recv", src, "source");
   std::vector<at::Tensor> tensors{tensor};
-  return launch("recv", tensor.nbytes(), [&] { return g.backend->recv(tensors, src, tag); });
+  return launch("recv", tensor.device(), tensor.nbytes(), [&] { return g.backend->recv(tensors, src, tag); });
 }
 
 }  // namespace cohort::comm

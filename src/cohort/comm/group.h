@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,8 @@ class Pending {
  private:
   friend class Group;
   Pending(std::shared_ptr<GroupState> group, c10::intrusive_ptr<compat::Work> work,
-          const char* op, std::int64_t seq, std::function<void()> finish, double started_us, std::int64_t bytes);
+          const char* op, std::int64_t seq, std::function<void()> finish, double started_us, std::int64_t bytes,
+          std::optional<c10::Device> device, std::shared_ptr<DeviceMark> device_start);
   std::shared_ptr<GroupState> group_;
   c10::intrusive_ptr<compat::Work> work_;
   const char* op_ = "";
@@ -48,6 +50,8 @@ class Pending {
   std::function<void()> finish_;  // runs after a successful wait (e.g. divide for kAvg)
   double started_us_ = -1;         // on the group's recorder; < 0 when not recorded
   std::int64_t bytes_ = -1;
+  std::optional<c10::Device> device_;       // where the op's tensors are
+  std::shared_ptr<DeviceMark> device_start_;  // on device_'s stream at launch; null when not recorded
 };
 
 class Group {
@@ -109,7 +113,9 @@ class Group {
   GroupState& checked(const char* op) const;
   // Records the op on the arrival board, issues it, and wraps it for a bounded wait.
   // `checkable`: not yet issued and group-wide (Note [Checked collectives]).
-  Pending launch(const char* op, std::int64_t bytes,
+  // `device`: where the op's tensors are, for the recorder's device marks (none when
+  // nullopt).
+  Pending launch(const char* op, std::optional<c10::Device> device, std::int64_t bytes,
                  const std::function<c10::intrusive_ptr<compat::Work>()>& issue,
                  std::function<void()> finish = nullptr, bool checkable = true);
   std::shared_ptr<GroupState> state_;

@@ -9,11 +9,23 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace cohort::comm {
 
 class Group;
+
+// A point recorded on a device's stream (Note [Device time on the host's clock] in
+// trace/device_clock.h). Marks on a device that runs work asynchronously (CUDA) say
+// when the device got there, which the host's clock at the call cannot.
+class DeviceMark {
+ public:
+  virtual ~DeviceMark() = default;
+  // When the device reached this mark, in steady_now_us() microseconds; nullopt
+  // while it has not. Never blocks.
+  virtual std::optional<double> reached_us() = 0;
+};
 
 // Note [Recording from below]: the groups record each collective from launch to
 // its wait, and DDP each bucket once its step is done, without knowing what keeps
@@ -32,6 +44,15 @@ class Recorder {
   // DDP bucket).
   virtual void async(std::string name, const char* category, double start_us, double end_us,
                      std::int64_t bytes = -1) = 0;
+
+  // A mark on `device`'s current stream, when this recorder keeps device times for
+  // that device and is recording; else null (the default: host times only).
+  virtual std::shared_ptr<DeviceMark> device_mark(c10::Device /*device*/) { return nullptr; }
+  // An operation from one mark to another, as the device ran it (a collective from
+  // the stream reaching its launch to the stream having its result). Kept until the
+  // device has reached both marks.
+  virtual void device_async(std::string /*name*/, const char* /*category*/, std::shared_ptr<DeviceMark> /*start*/,
+                            std::shared_ptr<DeviceMark> /*end*/, std::int64_t /*bytes*/ = -1) {}
 };
 
 inline double steady_now_us() {

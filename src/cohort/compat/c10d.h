@@ -15,7 +15,8 @@
 //    overrides them where COHORT_C10D_STORE_HAS_EXTENDED_API is 1.
 // Nothing outside compat/ may test TORCH_VERSION_*; autocast.h holds the autocast API,
 // optimizer.h the key of torch::optim state,
-// allocator.h the c10::Allocator interface, autograd.h autograd's node pointers.
+// allocator.h the c10::Allocator interface, autograd.h autograd's node pointers,
+// event.h the timing of c10::Event.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>

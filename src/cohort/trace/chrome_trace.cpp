@@ -62,6 +62,11 @@ void write_chrome_trace(const std::string& path, const std::vector<Event>& event
                   {"args", {{"sort_index", info.rank}}}});
   for (std::size_t t = 0; t < std::max<std::size_t>(info.threads, 1); ++t)
     list.push_back(metadata("thread_name", info.rank, static_cast<int>(t), t == 0 ? "main" : fmt::format("thread {}", t)));
+  if (!info.device.empty()) {
+    list.push_back(metadata("thread_name", info.rank, kDeviceTrack, info.device + " (device time)"));
+    list.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", info.rank}, {"tid", kDeviceTrack},
+                    {"args", {{"sort_index", kDeviceTrack}}}});
+  }
   for (const Event* e : order) list.push_back(to_json(*e, info.rank, info.clock_offset_us));
   json doc = {{"traceEvents", std::move(list)},
               {"displayTimeUnit", "ms"},
@@ -70,6 +75,8 @@ void write_chrome_trace(const std::string& path, const std::vector<Event>& event
                 {"clock_offset_us", info.clock_offset_us},
                 {"events", events.size()},
                 {"dropped_events", info.dropped},
+                {"device", info.device.empty() ? json(nullptr) : json(info.device)},
+                {"device_events_unfinished", info.device_unfinished},
                 {"recording_overhead_us", info.overhead_us}}}};
   write_json(path, doc);
 }

@@ -16,6 +16,8 @@ struct TraceFileInfo {
   std::size_t dropped = 0;
   double overhead_us = 0;
   std::size_t threads = 0;
+  std::string device;                 // the device track's device ("cuda:0"); empty: none
+  std::size_t device_unfinished = 0;  // device events left out (Timeline::device_unfinished)
 };
 
 // Events are written sorted by thread, then start time (an enclosing span before the

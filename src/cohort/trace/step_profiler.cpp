@@ -9,12 +9,16 @@ StepProfiler::Phase::~Phase() {
   const double end_us = Timeline::now_us();
   auto& [name, seconds] = owner_.phases_[slot_];
   seconds += (end_us - start_us_) / 1e6;
-  if (auto* t = owner_.timeline_.get(); t && t->recording()) t->span(name, "phase", start_us_, end_us);
+  auto* t = owner_.timeline_.get();
+  if (!t || !t->recording()) return;
+  t->span(name, "phase", start_us_, end_us);
+  if (device_start_) t->device_span(name, "phase", std::move(device_start_), t->device_mark());
 }
 
 void StepProfiler::begin_step(std::int64_t step) {
   if (timeline_) timeline_->set_step(step);
   step_start_us_ = Timeline::now_us();
+  step_device_start_ = timeline_ ? timeline_->device_mark() : nullptr;
 }
 
 StepProfiler::Phase StepProfiler::phase(const char* name) {
@@ -34,7 +38,12 @@ void StepProfiler::end_step(double waited_s) {
   step_total_s_ += seconds;
   ++steps_;
   work_.add(std::max(0.0, seconds - waited_s));
-  if (timeline_ && timeline_->recording()) timeline_->span("step", "step", step_start_us_, end_us);
+  if (timeline_ && timeline_->recording()) {
+    timeline_->span("step", "step", step_start_us_, end_us);
+    if (step_device_start_)
+      timeline_->device_span("step", "step", std::move(step_device_start_), timeline_->device_mark());
+  }
+  step_device_start_ = nullptr;
   step_start_us_ = -1;
 }
 

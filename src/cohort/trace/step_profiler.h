@@ -1,7 +1,8 @@
 #pragma once
 // Times a training loop's steps and their phases on one rank. It keeps the step
 // times for the straggler report (trace/straggler.h), sums each phase for a
-// profile of where a step goes, and draws both on the timeline when there is one.
+// profile of where a step goes, and draws both on the timeline when there is one
+// (on a GPU, also where the device ran them: Note [Device time on the host's clock]).
 // Off the timeline it reads the clock twice per phase and allocates nothing.
 //
 //   cohort::trace::StepProfiler profiler(cohort::trace::timeline_of(world));
@@ -30,7 +31,11 @@ class StepProfiler {
 
   class Phase {
    public:
-    Phase(StepProfiler& owner, std::size_t slot) : owner_(owner), slot_(slot), start_us_(Timeline::now_us()) {}
+    Phase(StepProfiler& owner, std::size_t slot)
+        : owner_(owner),
+          slot_(slot),
+          start_us_(Timeline::now_us()),
+          device_start_(owner.timeline_ ? owner.timeline_->device_mark() : nullptr) {}
     ~Phase();
     Phase(const Phase&) = delete;
     Phase& operator=(const Phase&) = delete;
@@ -39,6 +44,7 @@ class StepProfiler {
     StepProfiler& owner_;
     std::size_t slot_;
     double start_us_;
+    std::shared_ptr<comm::DeviceMark> device_start_;  // Note [Device time on the host's clock]
   };
 
   void begin_step(std::int64_t step);
@@ -60,6 +66,7 @@ class StepProfiler {
   std::shared_ptr<Timeline> timeline_;
   std::vector<std::pair<const char*, double>> phases_;
   double step_start_us_ = -1;
+  std::shared_ptr<comm::DeviceMark> step_device_start_;
   double step_total_s_ = 0;
   std::int64_t steps_ = 0;
   StepTimes work_;

@@ -4,9 +4,11 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "cohort/errors.h"
 #include "cohort/trace/chrome_trace.h"
+#include "cohort/trace/device_clock.h"
 #include "cohort/util/parse.h"
 
 namespace cohort::trace {
@@ -48,7 +50,18 @@ Timeline::~Timeline() {
 void Timeline::set_step(std::int64_t step) {
   step_.store(step, std::memory_order_relaxed);
   const bool in = step >= options_.first_step() && (options_.last_step() < 0 || step <= options_.last_step());
-  recording_.store(in, std::memory_order_relaxed);
+  const bool was = recording_.exchange(in, std::memory_order_relaxed);
+  const bool opened = in && !was;
+  if (!device_clock_) return;
+  if (opened) {
+    // Note [Device time on the host's clock]: a fresh anchor where the window opens.
+    try {
+      device_clock_->anchor(options_.device_wait());
+    } catch (const std::exception& e) {
+      std::cerr << "cohort: rank " << rank_ << ": the timeline keeps its older anchor: " << e.what() << std::endl;
+    }
+  }
+  collect_device_events();
 }
 
 int Timeline::thread_id() {
@@ -108,6 +121,116 @@ void Timeline::async(std::string name, const char* category, double start_us, do
   add(std::move(end), now_us());
 }
 
+// ---- the device's track -----------------------------------------------------
+
+void Timeline::set_device_clock(std::shared_ptr<DeviceClock> clock) { device_clock_ = std::move(clock); }
+
+std::shared_ptr<comm::DeviceMark> Timeline::device_mark() {
+  if (!device_clock_ || !recording()) return nullptr;
+  return device_clock_->mark();
+}
+
+std::shared_ptr<comm::DeviceMark> Timeline::device_mark(c10::Device device) {
+  if (!device_clock_ || device != device_clock_->device()) return nullptr;
+  return device_mark();
+}
+
+void Timeline::device_span(std::string name, const char* category, std::shared_ptr<comm::DeviceMark> start,
+                           std::shared_ptr<comm::DeviceMark> end, std::int64_t bytes) {
+  if (!recording() || !start || !end) return;
+  keep_device_event(make_event(Event::Kind::kSpan, std::move(name), category, 0, bytes), std::move(start),
+                    std::move(end));
+}
+
+void Timeline::device_async(std::string name, const char* category, std::shared_ptr<comm::DeviceMark> start,
+                            std::shared_ptr<comm::DeviceMark> end, std::int64_t bytes) {
+  if (!recording() || !start || !end) return;
+  keep_device_event(make_event(Event::Kind::kAsyncBegin, std::move(name), category, 0, bytes), std::move(start),
+                    std::move(end));
+}
+
+void Timeline::keep_device_event(Event e, std::shared_ptr<comm::DeviceMark> start,
+                                 std::shared_ptr<comm::DeviceMark> end) {
+  const double entered = now_us();
+  e.tid = kDeviceTrack;
+  e.step = step();  // the step it was recorded in, not the one it is collected in
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A pending event will take one or two places; past the cap it is dropped now.
+  if (events_.size() + device_pending_.size() >= options_.max_events()) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    device_pending_.push_back({std::move(e), std::move(start), std::move(end)});
+    // A loop that never calls set_step still has its events collected.
+    if (device_pending_.size() % 1024 == 0) collect_device_events_locked();
+  }
+  overhead_us_ += now_us() - entered;
+}
+
+std::size_t Timeline::collect_device_events() {
+  const double entered = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::size_t left = collect_device_events_locked();
+  overhead_us_ += now_us() - entered;
+  return left;
+}
+
+std::size_t Timeline::collect_device_events_locked() {
+  std::vector<DeviceEvent> still;
+  for (auto& d : device_pending_) {
+    std::optional<double> start, end;
+    try {
+      start = d.start->reached_us();
+      if (start) end = d.end->reached_us();
+    } catch (const std::exception&) {
+      // The device failed (a CUDA error): its marks will never be reached.
+      device_unfinished_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (!end) {
+      still.push_back(std::move(d));
+      continue;
+    }
+    Event e = std::move(d.event);
+    e.ts_us = *start;
+    if (events_.size() >= options_.max_events()) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+    } else if (e.kind == Event::Kind::kSpan) {
+      e.dur_us = std::max(0.0, *end - *start);
+      events_.push_back(std::move(e));
+    } else {
+      e.id = next_async_id_.fetch_add(1, std::memory_order_relaxed);
+      Event finish = e;
+      finish.kind = Event::Kind::kAsyncEnd;
+      finish.ts_us = std::max(*start, *end);
+      finish.bytes = -1;
+      events_.push_back(std::move(e));
+      events_.push_back(std::move(finish));
+    }
+  }
+  device_pending_ = std::move(still);
+  return device_pending_.size();
+}
+
+void Timeline::wait_for_device_events() {
+  const auto deadline = std::chrono::steady_clock::now() + options_.device_wait();
+  std::size_t left = collect_device_events();
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    left = collect_device_events();
+  }
+  if (left == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_pending_.clear();
+  }
+  device_unfinished_.fetch_add(left, std::memory_order_relaxed);
+  std::cerr << fmt::format("cohort: rank {}: {} device event(s) of the timeline were left out: {} had not reached "
+                           "their marks after {} ms. Write the timeline once the device has finished (after "
+                           "torch::cuda::synchronize()), or raise TimelineOptions::device_wait\n",
+                           rank_, left, device_clock_ ? device_clock_->device().str() : std::string("the device"),
+                           options_.device_wait().count());
+}
+
 std::size_t Timeline::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return events_.size();
@@ -124,6 +247,7 @@ std::string Timeline::path() const {
 
 void Timeline::write() {
   written_ = true;
+  wait_for_device_events();
   std::vector<Event> events;
   std::size_t threads = 0;
   double overhead = 0;
@@ -140,6 +264,8 @@ void Timeline::write() {
                             ec.message()));
   }
   TraceFileInfo info{rank_, offset_us_, dropped(), overhead, threads};
+  if (device_clock_) info.device = device_clock_->device().str();
+  info.device_unfinished = device_unfinished();
   write_chrome_trace(path(), events, info);
 }
 

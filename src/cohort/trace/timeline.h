@@ -16,11 +16,17 @@
 //   }
 //
 // `cohort trace merge DIR OUT.json` puts the ranks into one file, one process per rank.
+//
+// On a GPU the world also gives the timeline a device clock (trace/device_clock.h):
+// each Span and each collective on the device's tensors is drawn a second time on a
+// track of the device's own, where the device ran it (Note [Device time on the
+// host's clock]).
 #include <torch/arg.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -31,6 +37,8 @@
 
 namespace cohort::trace {
 
+class DeviceClock;
+
 struct TimelineOptions {
   // The directory the file goes to: DIR/rank-<rank>.json.
   TORCH_ARG(std::string, directory) = "";
@@ -40,6 +48,12 @@ struct TimelineOptions {
   TORCH_ARG(std::int64_t, last_step) = -1;
   // A cap on the events kept; later ones are counted as dropped and reported.
   TORCH_ARG(std::size_t, max_events) = 200000;
+  // Whether a world on a GPU gives its timeline a device clock (COHORT_TIMELINE_DEVICE_EVENTS).
+  TORCH_ARG(bool, device_events) = true;
+  // How long write() waits for the device to reach the marks still pending (events
+  // it has not, say because the run stopped mid-step, are counted and left out), and
+  // how long taking an anchor may wait for the stream.
+  TORCH_ARG(std::chrono::milliseconds, device_wait) = std::chrono::seconds(10);
 
  public:
   bool enabled() const { return !directory_.empty(); }
@@ -61,6 +75,9 @@ struct Event {
   std::int64_t bytes = -1; // shown as args.bytes when >= 0
   std::int64_t step = 0;
 };
+
+// The thread id of the device's track in the written file.
+inline constexpr int kDeviceTrack = 1000;
 
 class Timeline final : public comm::Recorder {
  public:
@@ -90,6 +107,27 @@ class Timeline final : public comm::Recorder {
   void set_clock_offset_us(double offset) { offset_us_ = offset; }
   double clock_offset_us() const { return offset_us_; }
 
+  // The device's side (Note [Device time on the host's clock]). With a clock, Span
+  // and the groups' collectives on the clock's device also record marks, drawn on
+  // the device's track once the device has reached them.
+  void set_device_clock(std::shared_ptr<DeviceClock> clock);
+  const DeviceClock* device_clock() const { return device_clock_.get(); }
+  // A mark on the clock's device while recording; null without a clock.
+  std::shared_ptr<comm::DeviceMark> device_mark();
+  std::shared_ptr<comm::DeviceMark> device_mark(c10::Device device) override;
+  // A phase on the device's track; kept until the device reaches both marks (a null
+  // mark: nothing is kept).
+  void device_span(std::string name, const char* category, std::shared_ptr<comm::DeviceMark> start,
+                   std::shared_ptr<comm::DeviceMark> end, std::int64_t bytes = -1);
+  void device_async(std::string name, const char* category, std::shared_ptr<comm::DeviceMark> start,
+                    std::shared_ptr<comm::DeviceMark> end, std::int64_t bytes = -1) override;
+  // Moves what the device has reached onto the timeline (set_step does, as does
+  // write(), which first waits up to device_wait for the rest). Returns how many
+  // device events are still pending.
+  std::size_t collect_device_events();
+  // Device events that write() gave up on: the device had not reached their marks.
+  std::size_t device_unfinished() const { return device_unfinished_.load(std::memory_order_relaxed); }
+
   std::size_t size() const;
   std::size_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   // Time spent inside this class's record calls, so the cost of tracing is reported.
@@ -102,6 +140,14 @@ class Timeline final : public comm::Recorder {
  private:
   int thread_id();
   void add(Event e, double entered_us);
+  void keep_device_event(Event e, std::shared_ptr<comm::DeviceMark> start, std::shared_ptr<comm::DeviceMark> end);
+  std::size_t collect_device_events_locked();
+  void wait_for_device_events();
+
+  struct DeviceEvent {
+    Event event;  // kind, name, category, bytes and step; times from the marks
+    std::shared_ptr<comm::DeviceMark> start, end;
+  };
 
   int rank_;
   TimelineOptions options_;
@@ -115,6 +161,9 @@ class Timeline final : public comm::Recorder {
   std::vector<Event> events_;
   std::unordered_map<std::thread::id, int> threads_;
   double overhead_us_ = 0;
+  std::shared_ptr<DeviceClock> device_clock_;
+  std::vector<DeviceEvent> device_pending_;  // under mutex_
+  std::atomic<std::size_t> device_unfinished_{0};
 };
 
 // Marks the start of `step` (nullptr: no-op).
@@ -128,9 +177,12 @@ class Span {
  public:
   Span(Timeline* timeline, const char* name, const char* category = "phase")
       : timeline_(timeline && timeline->recording() ? timeline : nullptr), name_(name), category_(category),
-        start_us_(timeline_ ? Timeline::now_us() : 0) {}
+        start_us_(timeline_ ? Timeline::now_us() : 0), device_start_(timeline_ ? timeline_->device_mark() : nullptr) {}
   ~Span() {
-    if (timeline_) timeline_->span(name_, category_, start_us_, Timeline::now_us());
+    if (!timeline_) return;
+    auto device_end = device_start_ ? timeline_->device_mark() : nullptr;
+    timeline_->span(name_, category_, start_us_, Timeline::now_us());
+    if (device_start_) timeline_->device_span(name_, category_, std::move(device_start_), std::move(device_end));
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
@@ -140,6 +192,7 @@ class Span {
   const char* name_;
   const char* category_;
   double start_us_;
+  std::shared_ptr<comm::DeviceMark> device_start_;
 };
 
 }  // namespace cohort::trace

@@ -1,9 +1,11 @@
 #include "cohort/trace/world_timeline.h"
 
+#include <iostream>
 #include <utility>
 
 #include "cohort/errors.h"
 #include "cohort/trace/clock_align.h"
+#include "cohort/trace/device_clock.h"
 #include "cohort/util/parse.h"
 
 namespace cohort::trace {
@@ -23,6 +25,12 @@ TimelineOptions timeline_options_from_env(const comm::EnvMap& env) {
     if (n <= 0) throw ConfigError("COHORT_TIMELINE_MAX_EVENTS: '" + *cap + "' must be a positive count of events");
     t.max_events(static_cast<std::size_t>(n));
   }
+  if (auto device = get("COHORT_TIMELINE_DEVICE_EVENTS")) {
+    if (*device != "0" && *device != "1")
+      throw ConfigError("COHORT_TIMELINE_DEVICE_EVENTS: '" + *device +
+                        "' must be 1 (a GPU's times on a track of its own, the default) or 0 (the host's only)");
+    t.device_events(*device == "1");
+  }
   return t;
 }
 
@@ -31,6 +39,15 @@ comm::RecorderFactory timeline_recorder(TimelineOptions options) {
                                         c10::Device device) -> std::shared_ptr<comm::Recorder> {
     auto timeline = std::make_shared<Timeline>(rank, options);
     timeline->set_clock_offset_us(measure_clock_offset_us(world_group, device));
+    if (options.device_events() && !device.is_cpu()) {
+      try {
+        timeline->set_device_clock(event_clock(device, options.device_wait()));
+      } catch (const std::exception& e) {
+        // The host's times are still worth having: say why the device's are missing.
+        std::cerr << "cohort: rank " << rank << ": the timeline keeps the host's times only: " << e.what()
+                  << std::endl;
+      }
+    }
     return timeline;
   };
 }

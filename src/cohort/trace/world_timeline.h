@@ -16,12 +16,14 @@
 namespace cohort::trace {
 
 // COHORT_TIMELINE_DIR, COHORT_TIMELINE_STEPS (FIRST:LAST) and
-// COHORT_TIMELINE_MAX_EVENTS, which `cohort run --timeline` sets; disabled when the
+// COHORT_TIMELINE_MAX_EVENTS, which `cohort run --timeline` sets, and
+// COHORT_TIMELINE_DEVICE_EVENTS (1 or 0), which a user may; disabled when the
 // directory is unset. Throws ConfigError naming the variable on a bad value.
 TimelineOptions timeline_options_from_env(const comm::EnvMap& env);
 
 // Makes each rank's Timeline once the world's group exists, its clock aligned to
-// rank 0's at a barrier (Note [Aligned clocks]).
+// rank 0's at a barrier (Note [Aligned clocks]), with a device clock when the
+// world's device is a GPU (Note [Device time on the host's clock]).
 comm::RecorderFactory timeline_recorder(TimelineOptions options);
 
 // `options`, recording on a timeline when `timeline` is enabled (else unchanged).
