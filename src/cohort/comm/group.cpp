@@ -163,11 +163,12 @@ void Pending::wait() {
   } catch (const std::exception& e) {
     throw_diagnosed(*group_, op_, seq_, e.what());
   }
-  // On a device that runs asynchronously, the wait above queued the stream's wait for
-  // the result: the mark after it is where the stream has the result, before finish_'s
-  // own kernels (Note [Device time on the host's clock]).
+  // On a device that runs asynchronously, the wait above queued the caller's stream's
+  // wait for the result; the recorder waits again on a side stream and marks there,
+  // where nothing queued before delays the mark (Note [Device time on the host's
+  // clock]).
   if (device_start_ && group_->recorder) {
-    auto end = group_->recorder->device_mark(*device_);
+    auto end = group_->recorder->device_mark_after(*device_, [&] { work->wait(group_->timeout); });
     if (end) group_->recorder->device_async(op_, "collective", std::move(device_start_), std::move(end), bytes_);
   }
   if (finish_) finish_();

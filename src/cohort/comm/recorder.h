@@ -46,11 +46,21 @@ class Recorder {
                      std::int64_t bytes = -1) = 0;
 
   // A mark on `device`'s current stream, when this recorder keeps device times for
-  // that device and is recording; else null (the default: host times only).
+  // that device and is recording; else null (the default: host times only). Never
+  // throws: a device that fails to record gives null.
   virtual std::shared_ptr<DeviceMark> device_mark(c10::Device /*device*/) { return nullptr; }
+  // A mark that `device` reaches once an operation's result is there: `wait_again`
+  // repeats the operation's wait() (which queues a wait for the result on the
+  // current stream) with a side stream current, and the mark goes on that stream, so
+  // that the caller's stream and its queued work do not delay it. Called after the
+  // caller's own wait() succeeded; null when not recording (the default). Never throws.
+  virtual std::shared_ptr<DeviceMark> device_mark_after(c10::Device /*device*/,
+                                                        const std::function<void()>& /*wait_again*/) {
+    return nullptr;
+  }
   // An operation from one mark to another, as the device ran it (a collective from
-  // the stream reaching its launch to the stream having its result). Kept until the
-  // device has reached both marks.
+  // the stream reaching its launch to its result being there). Kept until the device
+  // has reached both marks.
   virtual void device_async(std::string /*name*/, const char* /*category*/, std::shared_ptr<DeviceMark> /*start*/,
                             std::shared_ptr<DeviceMark> /*end*/, std::int64_t /*bytes*/ = -1) {}
 };

@@ -19,15 +19,24 @@
 //    takes a new anchor when its window of steps opens (TimelineOptions::first_step),
 //    not only when the world is made. That wait lasts until the stream has run what
 //    is queued on it, once per run.
+//  * cudaEventElapsedTime gives float milliseconds: 24 bits, so a minute from the
+//    anchor is good to about 4 us, an hour to about 0.2 ms. The timeline therefore
+//    also takes a new anchor at a step boundary once the last is older than
+//    TimelineOptions::device_anchor_every (a minute): a wait for the stream's queued
+//    work once a minute.
 // What a pair of marks means: a phase (trace::Span) from the stream reaching the
 // phase's first kernel to it finishing its last; a collective from the stream
-// reaching the launch (the backend's stream starts there) to the stream holding the
-// result (the mark after wait(), which queues the stream's wait for the backend). A
-// collective whose device span ends where the stream's other work ends was hidden
-// behind it; one that ends later kept the stream waiting.
+// reaching the launch (the backend's stream starts there, after the backend's
+// earlier work) to the result being there. The end is marked on a side stream made
+// to wait for the backend (Recorder::device_mark_after) rather than on the caller's
+// stream, whose wait for the result sits behind the compute queued before wait():
+// DDP waits for its buckets after all of backward is queued, and a mark there would
+// end every bucket with backward. So a collective that ends before the compute
+// around it was hidden behind it; one that ends after kept the stream waiting.
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 
 #include "cohort/comm/recorder.h"
@@ -38,8 +47,12 @@ class DeviceClock {
  public:
   virtual ~DeviceClock() = default;
   virtual c10::Device device() const = 0;
-  // A mark on the device's current stream (of the calling thread).
+  // A mark on the device's current stream (of the calling thread). May throw (a
+  // device in error); Timeline turns that into no mark.
   virtual std::shared_ptr<comm::DeviceMark> mark() = 0;
+  // Runs `wait` with a side stream of the device current, then marks that stream
+  // (comm::Recorder::device_mark_after). May throw, as mark() may.
+  virtual std::shared_ptr<comm::DeviceMark> mark_after(const std::function<void()>& wait) = 0;
   // Takes a new anchor: waits, at most `bound`, for the stream to run what is queued
   // on it. Throws cohort::TimeoutError naming the device when it does not; the old
   // anchor stays.

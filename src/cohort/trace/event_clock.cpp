@@ -2,6 +2,7 @@
 // device_clock.h). The only code of the timeline that runs on a GPU: kept to
 // recording, querying and timing events.
 #include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
@@ -51,6 +52,13 @@ class EventClock final : public DeviceClock {
     }
     event.record(guard_.getStream(device_));
     return std::make_shared<EventMark>(std::move(anchor), std::move(event));
+  }
+
+  std::shared_ptr<comm::DeviceMark> mark_after(const std::function<void()>& wait) override {
+    // The pool's streams are LibTorch's own, shared round-robin; one carries little.
+    c10::StreamGuard side(guard_.getStreamFromGlobalPool(device_));
+    wait();
+    return mark();
   }
 
   void anchor(std::chrono::milliseconds bound) override {

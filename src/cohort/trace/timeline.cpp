@@ -51,17 +51,22 @@ void Timeline::set_step(std::int64_t step) {
   step_.store(step, std::memory_order_relaxed);
   const bool in = step >= options_.first_step() && (options_.last_step() < 0 || step <= options_.last_step());
   const bool was = recording_.exchange(in, std::memory_order_relaxed);
-  const bool opened = in && !was;
   if (!device_clock_) return;
-  if (opened) {
-    // Note [Device time on the host's clock]: a fresh anchor where the window opens.
-    try {
-      device_clock_->anchor(options_.device_wait());
-    } catch (const std::exception& e) {
-      std::cerr << "cohort: rank " << rank_ << ": the timeline keeps its older anchor: " << e.what() << std::endl;
-    }
-  }
+  // Note [Device time on the host's clock]: a fresh anchor where the window opens,
+  // and at a step boundary once the last one is old.
+  const double age_us = now_us() - device_anchored_us_;
+  if (in && (!was || age_us > static_cast<double>(options_.device_anchor_every().count()) * 1000.0))
+    anchor_device_clock();
   collect_device_events();
+}
+
+void Timeline::anchor_device_clock() {
+  try {
+    device_clock_->anchor(options_.device_wait());
+  } catch (const std::exception& e) {
+    std::cerr << "cohort: rank " << rank_ << ": the timeline keeps its older anchor: " << e.what() << std::endl;
+  }
+  device_anchored_us_ = now_us();  // after a failure too: the next try is an interval away
 }
 
 int Timeline::thread_id() {
@@ -72,7 +77,7 @@ int Timeline::thread_id() {
 
 void Timeline::add(Event e, double entered_us) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (events_.size() >= options_.max_events()) {
+  if (events_.size() + device_pending_places_ >= options_.max_events()) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
   } else {
     e.tid = thread_id();
@@ -123,16 +128,41 @@ void Timeline::async(std::string name, const char* category, double start_us, do
 
 // ---- the device's track -----------------------------------------------------
 
-void Timeline::set_device_clock(std::shared_ptr<DeviceClock> clock) { device_clock_ = std::move(clock); }
+void Timeline::set_device_clock(std::shared_ptr<DeviceClock> clock) {
+  device_clock_ = std::move(clock);
+  device_anchored_us_ = now_us();  // a clock comes anchored (event_clock)
+}
+
+std::shared_ptr<comm::DeviceMark> Timeline::guarded_mark(
+    const std::function<std::shared_ptr<comm::DeviceMark>()>& make) {
+  const double entered = now_us();
+  std::shared_ptr<comm::DeviceMark> mark;
+  try {
+    mark = make();
+  } catch (const std::exception&) {
+    // A device in error (a sticky CUDA error): no mark, so no device event; never an
+    // exception out of a Span's destructor or a collective's wait.
+    device_unfinished_.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  overhead_us_ += now_us() - entered;
+  return mark;
+}
 
 std::shared_ptr<comm::DeviceMark> Timeline::device_mark() {
   if (!device_clock_ || !recording()) return nullptr;
-  return device_clock_->mark();
+  return guarded_mark([&] { return device_clock_->mark(); });
 }
 
 std::shared_ptr<comm::DeviceMark> Timeline::device_mark(c10::Device device) {
   if (!device_clock_ || device != device_clock_->device()) return nullptr;
   return device_mark();
+}
+
+std::shared_ptr<comm::DeviceMark> Timeline::device_mark_after(c10::Device device,
+                                                              const std::function<void()>& wait_again) {
+  if (!device_clock_ || device != device_clock_->device() || !recording()) return nullptr;
+  return guarded_mark([&] { return device_clock_->mark_after(wait_again); });
 }
 
 void Timeline::device_span(std::string name, const char* category, std::shared_ptr<comm::DeviceMark> start,
@@ -145,45 +175,60 @@ void Timeline::device_span(std::string name, const char* category, std::shared_p
 void Timeline::device_async(std::string name, const char* category, std::shared_ptr<comm::DeviceMark> start,
                             std::shared_ptr<comm::DeviceMark> end, std::int64_t bytes) {
   if (!recording() || !start || !end) return;
+  // Its own name: the viewers put async events of one name on one track, whatever
+  // their thread, and the host's event of the same collective is there.
+  if (device_clock_) name += " on " + device_clock_->device().str();
   keep_device_event(make_event(Event::Kind::kAsyncBegin, std::move(name), category, 0, bytes), std::move(start),
                     std::move(end));
 }
+
+namespace {
+std::size_t places_of(const Event& e) { return e.kind == Event::Kind::kSpan ? 1 : 2; }
+}  // namespace
 
 void Timeline::keep_device_event(Event e, std::shared_ptr<comm::DeviceMark> start,
                                  std::shared_ptr<comm::DeviceMark> end) {
   const double entered = now_us();
   e.tid = kDeviceTrack;
   e.step = step();  // the step it was recorded in, not the one it is collected in
-  std::lock_guard<std::mutex> lock(mutex_);
-  // A pending event will take one or two places; past the cap it is dropped now.
-  if (events_.size() + device_pending_.size() >= options_.max_events()) {
-    dropped_.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    device_pending_.push_back({std::move(e), std::move(start), std::move(end)});
-    // A loop that never calls set_step still has its events collected.
-    if (device_pending_.size() % 1024 == 0) collect_device_events_locked();
+  const std::size_t places = places_of(e);
+  bool collect = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Past the cap it is dropped now, as the host's events are when they come.
+    if (events_.size() + device_pending_places_ + places > options_.max_events()) {
+      dropped_.fetch_add(places, std::memory_order_relaxed);
+    } else {
+      device_pending_places_ += places;
+      device_pending_.push_back({std::move(e), std::move(start), std::move(end)});
+      // A loop that never calls set_step still has its events collected.
+      collect = device_pending_.size() % 1024 == 0;
+    }
+    overhead_us_ += now_us() - entered;
   }
-  overhead_us_ += now_us() - entered;
+  if (collect) collect_device_events();
 }
 
 std::size_t Timeline::collect_device_events() {
+  // The device is asked outside mutex_, so that threads recording host events do
+  // not wait for it; collect_mutex_ keeps the pending events in order meanwhile.
+  std::lock_guard<std::mutex> collecting(collect_mutex_);
   const double entered = now_us();
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::size_t left = collect_device_events_locked();
-  overhead_us_ += now_us() - entered;
-  return left;
-}
-
-std::size_t Timeline::collect_device_events_locked() {
+  std::vector<DeviceEvent> pending;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending.swap(device_pending_);
+  }
   std::vector<DeviceEvent> still;
-  for (auto& d : device_pending_) {
+  std::vector<Event> done;
+  std::size_t failed = 0;
+  for (auto& d : pending) {
     std::optional<double> start, end;
     try {
       start = d.start->reached_us();
       if (start) end = d.end->reached_us();
     } catch (const std::exception&) {
-      // The device failed (a CUDA error): its marks will never be reached.
-      device_unfinished_.fetch_add(1, std::memory_order_relaxed);
+      ++failed;  // the device failed (a CUDA error): its marks will never be reached
       continue;
     }
     if (!end) {
@@ -192,22 +237,29 @@ std::size_t Timeline::collect_device_events_locked() {
     }
     Event e = std::move(d.event);
     e.ts_us = *start;
-    if (events_.size() >= options_.max_events()) {
-      dropped_.fetch_add(1, std::memory_order_relaxed);
-    } else if (e.kind == Event::Kind::kSpan) {
+    if (e.kind == Event::Kind::kSpan) {
       e.dur_us = std::max(0.0, *end - *start);
-      events_.push_back(std::move(e));
+      done.push_back(std::move(e));
     } else {
       e.id = next_async_id_.fetch_add(1, std::memory_order_relaxed);
       Event finish = e;
       finish.kind = Event::Kind::kAsyncEnd;
       finish.ts_us = std::max(*start, *end);
       finish.bytes = -1;
-      events_.push_back(std::move(e));
-      events_.push_back(std::move(finish));
+      done.push_back(std::move(e));
+      done.push_back(std::move(finish));
     }
   }
+  device_unfinished_.fetch_add(failed, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Their places were held while pending: the cap was applied when they came.
+  for (auto& e : done) events_.push_back(std::move(e));
+  still.insert(still.end(), std::make_move_iterator(device_pending_.begin()),
+               std::make_move_iterator(device_pending_.end()));
   device_pending_ = std::move(still);
+  device_pending_places_ = 0;
+  for (const auto& d : device_pending_) device_pending_places_ += places_of(d.event);
+  overhead_us_ += now_us() - entered;
   return device_pending_.size();
 }
 
@@ -218,17 +270,19 @@ void Timeline::wait_for_device_events() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     left = collect_device_events();
   }
-  if (left == 0) return;
-  {
+  if (left > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     device_pending_.clear();
+    device_pending_places_ = 0;
   }
   device_unfinished_.fetch_add(left, std::memory_order_relaxed);
-  std::cerr << fmt::format("cohort: rank {}: {} device event(s) of the timeline were left out: {} had not reached "
-                           "their marks after {} ms. Write the timeline once the device has finished (after "
-                           "torch::cuda::synchronize()), or raise TimelineOptions::device_wait\n",
-                           rank_, left, device_clock_ ? device_clock_->device().str() : std::string("the device"),
-                           options_.device_wait().count());
+  const std::size_t unfinished = device_unfinished();
+  if (unfinished == 0) return;
+  std::cerr << fmt::format("cohort: rank {}: {} device event(s) of the timeline were left out: {} of them had not "
+                           "been reached after {} ms, the others failed to record or to be read (a device error). "
+                           "Write the timeline once the device has finished (after torch::cuda::synchronize()), or "
+                           "raise TimelineOptions::device_wait\n",
+                           rank_, unfinished, left, options_.device_wait().count());
 }
 
 std::size_t Timeline::size() const {

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,6 +55,9 @@ struct TimelineOptions {
   // it has not, say because the run stopped mid-step, are counted and left out), and
   // how long taking an anchor may wait for the stream.
   TORCH_ARG(std::chrono::milliseconds, device_wait) = std::chrono::seconds(10);
+  // A new anchor at the first step boundary after this long (the device's elapsed
+  // times are floats: Note [Device time on the host's clock]).
+  TORCH_ARG(std::chrono::milliseconds, device_anchor_every) = std::chrono::seconds(60);
 
  public:
   bool enabled() const { return !directory_.empty(); }
@@ -115,6 +119,8 @@ class Timeline final : public comm::Recorder {
   // A mark on the clock's device while recording; null without a clock.
   std::shared_ptr<comm::DeviceMark> device_mark();
   std::shared_ptr<comm::DeviceMark> device_mark(c10::Device device) override;
+  std::shared_ptr<comm::DeviceMark> device_mark_after(c10::Device device,
+                                                      const std::function<void()>& wait_again) override;
   // A phase on the device's track; kept until the device reaches both marks (a null
   // mark: nothing is kept).
   void device_span(std::string name, const char* category, std::shared_ptr<comm::DeviceMark> start,
@@ -141,8 +147,9 @@ class Timeline final : public comm::Recorder {
   int thread_id();
   void add(Event e, double entered_us);
   void keep_device_event(Event e, std::shared_ptr<comm::DeviceMark> start, std::shared_ptr<comm::DeviceMark> end);
-  std::size_t collect_device_events_locked();
+  void anchor_device_clock();
   void wait_for_device_events();
+  std::shared_ptr<comm::DeviceMark> guarded_mark(const std::function<std::shared_ptr<comm::DeviceMark>()>& make);
 
   struct DeviceEvent {
     Event event;  // kind, name, category, bytes and step; times from the marks
@@ -163,6 +170,9 @@ class Timeline final : public comm::Recorder {
   double overhead_us_ = 0;
   std::shared_ptr<DeviceClock> device_clock_;
   std::vector<DeviceEvent> device_pending_;  // under mutex_
+  std::size_t device_pending_places_ = 0;    // under mutex_: the events they will make (an async makes 2)
+  std::mutex collect_mutex_;                 // one collector at a time; the device is asked outside mutex_
+  double device_anchored_us_ = 0;            // when the clock last took an anchor
   std::atomic<std::size_t> device_unfinished_{0};
 };
 
