@@ -541,8 +541,22 @@ TEST(GpuTimeline, APhaseAndACollectiveAreDrawnWhereTheGpuRanThem) {
     for (int i = 0; i < 40; ++i) c = torch::mm(c, a).div_(64);  // 5.5 TFLOP: tens of ms on one GPU
   }
   world.group().all_reduce(c);
+
+  // Step 2: an all_reduce launched before 40 more matmuls and waited for after them
+  // ends, on the device's track, where NCCL finished it, long before the matmuls end
+  // (a mark on the caller's stream after wait() would end with them).
+  cohort::trace::step(timeline.get(), 2);
+  auto early = torch::ones({1 << 20}, torch::TensorOptions().device(kGpu));
+  torch::cuda::synchronize();
+  auto pending = world.group().all_reduce_async(early);
+  {
+    cohort::trace::Span s(timeline.get(), "matmuls after");
+    for (int i = 0; i < 40; ++i) c = torch::mm(c, a).div_(64);
+  }
+  pending.wait();
   torch::cuda::synchronize();
   const double done_us = cohort::trace::Timeline::now_us();
+  EXPECT_TRUE(torch::equal(early.cpu(), torch::ones({1 << 20}))) << "a world of one sums one tensor";
   timeline->write();
   EXPECT_EQ(timeline->device_unfinished(), 0u);
 
@@ -553,12 +567,21 @@ TEST(GpuTimeline, APhaseAndACollectiveAreDrawnWhereTheGpuRanThem) {
   struct Found {
     double ts = NAN, dur = NAN;
   };
-  Found host_phase, device_phase, host_collective, device_collective;
+  Found host_phase, device_phase, host_collective, device_collective, later_phase;
+  std::map<std::uint64_t, Found> step2_collective;  // by async id: ts is the begin, dur the end
   for (const auto& e : doc.at("traceEvents")) {
     const auto ph = e.at("ph").get<std::string>();
     if (ph == "M") continue;
     const bool on_device = e.at("tid") == cohort::trace::kDeviceTrack;
     const auto name = e.at("name").get<std::string>();
+    const auto step = e.at("args").at("step").get<int>();
+    if (on_device && name == "matmuls after" && ph == "X")
+      later_phase = {e.at("ts").get<double>() - offset, e.at("dur").get<double>()};
+    if (on_device && name == "all_reduce on cuda:0" && step == 2 && (ph == "b" || ph == "e")) {
+      auto& f = step2_collective[e.at("id").get<std::uint64_t>()];
+      (ph == "b" ? f.ts : f.dur) = e.at("ts").get<double>() - offset;
+    }
+    if (step != 1) continue;
     if (name == "matmuls" && ph == "X")
       (on_device ? device_phase : host_phase) = {e.at("ts").get<double>() - offset, e.at("dur").get<double>()};
     if (ph == "b" && name == (on_device ? "all_reduce on cuda:0" : "all_reduce"))
@@ -575,6 +598,14 @@ TEST(GpuTimeline, APhaseAndACollectiveAreDrawnWhereTheGpuRanThem) {
   EXPECT_LE(device_end, done_us + slack) << "the GPU finished after synchronize() returned";
   EXPECT_LT(host_collective.ts, device_end) << "the host launched the all_reduce while the GPU was still busy";
   EXPECT_GE(device_collective.ts, device_end - slack) << "the all_reduce ran before the phase's kernels were done";
+
+  ASSERT_TRUE(std::isfinite(later_phase.ts)) << doc.dump();
+  ASSERT_EQ(step2_collective.size(), 1u) << doc.dump();
+  const Found early_reduce = step2_collective.begin()->second;  // .dur holds its end
+  ASSERT_TRUE(std::isfinite(early_reduce.ts) && std::isfinite(early_reduce.dur)) << doc.dump();
+  EXPECT_LE(early_reduce.ts, later_phase.ts + slack) << "launched before the matmuls, it began after them";
+  EXPECT_LT(early_reduce.dur, later_phase.ts + later_phase.dur - 1000)
+      << "the all_reduce's end was drawn with the caller's stream, not where NCCL finished it";
 }
 
 }  // namespace

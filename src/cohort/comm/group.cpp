@@ -156,21 +156,31 @@ Pending::Pending(std::shared_ptr<GroupState> group, c10::intrusive_ptr<compat::W
 void Pending::wait() {
   if (!work_) return;
   auto work = std::move(work_);
+  // Note [Device time on the host's clock]: the device's end of the operation is
+  // marked on a side stream made to wait for the backend by Work::synchronize().
+  // NCCL's completion event exists from the launch, so the side stream waits for it
+  // before the host's wait (which polls it every millisecond), though after the
+  // caller's stream does: that synchronize() lets NCCL release what it stashed for the
+  // allocator, safe only once the caller's stream waits. Gloo's events exist only once
+  // its host thread is done, so there the side stream waits after the host's wait.
+  std::shared_ptr<DeviceMark> device_end;
+  const bool recording_device = device_start_ && group_->recorder;
+  const bool before = recording_device && group_->backend->getBackendName() == "nccl";
+  auto mark_end = [&] { device_end = group_->recorder->device_mark_after(*device_, [&] { work->synchronize(); }); };
   try {
+    if (before) {
+      work->synchronize();
+      mark_end();
+    }
     if (!work->wait(group_->timeout)) throw std::runtime_error("wait timed out");
   } catch (const cohort::Error&) {
     throw;
   } catch (const std::exception& e) {
     throw_diagnosed(*group_, op_, seq_, e.what());
   }
-  // On a device that runs asynchronously, the wait above queued the caller's stream's
-  // wait for the result; the recorder waits again on a side stream and marks there,
-  // where nothing queued before delays the mark (Note [Device time on the host's
-  // clock]).
-  if (device_start_ && group_->recorder) {
-    auto end = group_->recorder->device_mark_after(*device_, [&] { work->wait(group_->timeout); });
-    if (end) group_->recorder->device_async(op_, "collective", std::move(device_start_), std::move(end), bytes_);
-  }
+  if (recording_device && !before) mark_end();
+  if (device_end)
+    group_->recorder->device_async(op_, "collective", std::move(device_start_), std::move(device_end), bytes_);
   if (finish_) finish_();
   // In flight from launch to this wait: drawn as an async event, since an operation
   // launched inside one phase may be waited for in another (Note [Well-nested spans]).

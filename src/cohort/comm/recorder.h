@@ -50,10 +50,10 @@ class Recorder {
   // throws: a device that fails to record gives null.
   virtual std::shared_ptr<DeviceMark> device_mark(c10::Device /*device*/) { return nullptr; }
   // A mark that `device` reaches once an operation's result is there: `wait_again`
-  // repeats the operation's wait() (which queues a wait for the result on the
-  // current stream) with a side stream current, and the mark goes on that stream, so
-  // that the caller's stream and its queued work do not delay it. Called after the
-  // caller's own wait() succeeded; null when not recording (the default). Never throws.
+  // (the operation's Work::synchronize()) queues a wait for the result on the current
+  // stream; it runs with a side stream current and the mark goes on that stream, so
+  // that the caller's stream and its queued work do not delay it (Pending::wait says
+  // when). Null when not recording (the default). Never throws.
   virtual std::shared_ptr<DeviceMark> device_mark_after(c10::Device /*device*/,
                                                         const std::function<void()>& /*wait_again*/) {
     return nullptr;

@@ -27,12 +27,15 @@
 // What a pair of marks means: a phase (trace::Span) from the stream reaching the
 // phase's first kernel to it finishing its last; a collective from the stream
 // reaching the launch (the backend's stream starts there, after the backend's
-// earlier work) to the result being there. The end is marked on a side stream made
-// to wait for the backend (Recorder::device_mark_after) rather than on the caller's
+// earlier work) to the result being there. The end is marked on the clock's own
+// stream made to wait for the backend (Work::synchronize() with that stream current:
+// Recorder::device_mark_after; Pending::wait says when) rather than on the caller's
 // stream, whose wait for the result sits behind the compute queued before wait():
 // DDP waits for its buckets after all of backward is queued, and a mark there would
 // end every bucket with backward. So a collective that ends before the compute
-// around it was hidden behind it; one that ends after kept the stream waiting.
+// around it was hidden behind it; one that ends after kept the stream waiting. An
+// end is never drawn before the host called wait(): a mark cannot be reached before
+// it is recorded.
 #include <c10/core/Device.h>
 
 #include <chrono>

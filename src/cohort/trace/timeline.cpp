@@ -122,8 +122,18 @@ void Timeline::async(std::string name, const char* category, double start_us, do
   end.kind = Event::Kind::kAsyncEnd;
   end.ts_us = std::max(start_us, end_us);
   end.bytes = -1;
-  add(std::move(begin), entered);
-  add(std::move(end), now_us());
+  // Both or neither: at the cap, a begin without its end would be an open event.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (events_.size() + device_pending_places_ + 2 > options_.max_events()) {
+    dropped_.fetch_add(2, std::memory_order_relaxed);
+  } else {
+    for (Event* e : {&begin, &end}) {
+      e->tid = thread_id();
+      e->step = step();
+      events_.push_back(std::move(*e));
+    }
+  }
+  overhead_us_ += now_us() - entered;
 }
 
 // ---- the device's track -----------------------------------------------------
@@ -271,7 +281,11 @@ void Timeline::wait_for_device_events() {
     left = collect_device_events();
   }
   if (left > 0) {
+    // What is pending now, counted as it is cleared: a collector cannot be between
+    // its swap and its merge, and events kept since the last collect count too.
+    std::lock_guard<std::mutex> collecting(collect_mutex_);
     std::lock_guard<std::mutex> lock(mutex_);
+    left = device_pending_.size();
     device_pending_.clear();
     device_pending_places_ = 0;
   }
