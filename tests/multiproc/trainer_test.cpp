@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -614,7 +615,11 @@ namespace {
 struct FaultTolerantJob {
   int ranks = 2;   // each trains 64 / ranks samples of the global batch of 64
   int victim = 1;
-  std::vector<std::string> args;  // for the job only, not the one process
+  std::vector<std::string> args;      // for the job only, not the one process
+  std::vector<std::string> launcher;  // more flags for `cohort run` (a rendezvous)
+  std::map<std::string, std::string> env;  // more for the job's environment
+  // Lines that the agents' output must hold, and lines it must not.
+  std::vector<std::string> err_has, err_lacks;
 };
 
 void lose_a_replica(const TempDir& dir, const std::vector<std::string>& extra, const std::string& alone,
@@ -640,14 +645,20 @@ void lose_a_replica(const TempDir& dir, const std::vector<std::string>& extra, c
     ASSERT_GT(max_difference(alone, one_step_short), 10 * tolerance);
   }
 
-  std::vector<std::string> argv{COHORT_CLI_PATH,     "run",          "--nproc-per-node", std::to_string(shape.ranks),
-                                "--fault-tolerance", "in-process",   "--max-restarts",   "1",
-                                "--stop-timeout",    "3",            COHORT_TRAINER_PATH, "--batch-size",
-                                std::to_string(64 / shape.ranks),    "--save-final",     survived};
+  std::vector<std::string> argv{COHORT_CLI_PATH, "run"};
+  argv.insert(argv.end(), shape.launcher.begin(), shape.launcher.end());
+  const std::vector<std::string> job_args{"--nproc-per-node", std::to_string(shape.ranks), "--fault-tolerance",
+                                          "in-process",        "--max-restarts",            "1",
+                                          "--stop-timeout",    "3",                         COHORT_TRAINER_PATH,
+                                          "--batch-size",      std::to_string(64 / shape.ranks), "--save-final",
+                                          survived};
+  argv.insert(argv.end(), job_args.begin(), job_args.end());
   argv.insert(argv.end(), args.begin(), args.end());
   argv.insert(argv.end(), shape.args.begin(), shape.args.end());
-  cohort::testing::Subprocess job(argv, {{"OMP_NUM_THREADS", "1"}, {"COHORT_FT_COLLECTIVE_TIMEOUT", "10"},
-                                         {"COHORT_FT_QUORUM_TIMEOUT", "3"}});
+  std::map<std::string, std::string> env{
+      {"OMP_NUM_THREADS", "1"}, {"COHORT_FT_COLLECTIVE_TIMEOUT", "10"}, {"COHORT_FT_QUORUM_TIMEOUT", "3"}};
+  env.insert(shape.env.begin(), shape.env.end());
+  cohort::testing::Subprocess job(argv, env);
   std::smatch m;
   const auto victim = std::to_string(shape.victim);
   const std::regex started("replica " + victim + ": incarnation 0 pid (\\d+)[\\s\\S]*replica " + victim +
@@ -658,6 +669,8 @@ void lose_a_replica(const TempDir& dir, const std::vector<std::string>& extra, c
   auto r = job.finish(240s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.err.find("worker " + victim + " (incarnation 0"), std::string::npos) << describe(r);
+  for (const auto& line : shape.err_has) EXPECT_NE(r.err.find(line), std::string::npos) << line << "\n" << describe(r);
+  for (const auto& line : shape.err_lacks) EXPECT_EQ(r.err.find(line), std::string::npos) << line << "\n" << describe(r);
   // Replica 0 never died: it committed every step once, and redid the one in flight.
   std::smatch s;
   ASSERT_TRUE(std::regex_search(r.out, s, std::regex(R"("aborted_steps":(\d+),"committed_here":(\d+))"))) << describe(r);
@@ -672,12 +685,22 @@ TEST(Trainer, FaultTolerantRunLosesAReplicaAndEndsAtTheOneProcessWeights) {
   lose_a_replica(dir, {}, dir.path + "/alone.pt", dir.path + "/survived.pt", kAcrossWorldSizes);
 }
 
-// --amp bf16 composes with --fault-tolerance (autocast keeps no state): the
-// survivor commits each of the 40 steps once and ends near one process under
-// autocast, and autocast did run (the weights are not float32's). "Near": two
-// halves of a batch rounded to bfloat16 apart are not the whole batch rounded once,
-// and over 40 steps that drifted 0.022 here, about one step's change (0.01-0.02),
-// so the weights cannot tell a lost step; the counters do.
+// The same job under the elastic agent (--rdzv-backend c10d, Note [Held rounds] in
+// elastic/rendezvous_state.h) rather than the static rendezvous: the agent hosts
+// cohort's store, restarts only the dead worker in the same round, and the survivor
+// ends at the one-process weights, as under the static one.
+TEST(Trainer, FaultTolerantRunUnderTheElasticAgentLosesAReplicaAndEndsAtTheOneProcessWeights) {
+  TempDir dir("cohort-trainer");
+  const auto port = std::to_string(cohort::testing::free_port());
+  FaultTolerantJob shape;
+  shape.launcher = {"--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id",
+                    "trainer-ft" + port, "--rdzv-conf", "join_timeout=60,last_call_timeout=1,keep_alive_interval=0.5"};
+  shape.env = {{"COHORT_RDZV_TOKEN", "trainer-ft-elastic-token-5d20a9"}};
+  shape.err_has = {"this agent hosts the rendezvous store", "restarting only this worker"};
+  shape.err_lacks = {"restarting the workers", "round 1"};
+  lose_a_replica(dir, {}, dir.path + "/alone.pt", dir.path + "/survived.pt", kAcrossWorldSizes, true, shape);
+}
+
 // --zero 2 --shards-per-replica 2 (docs/fault_tolerance.md, "ZeRO inside a
 // replica"): four ranks, two replicas that each shard the optimizer state and the
 // gradients over their two ranks. Rank 3 is killed: its replica is left out until
@@ -692,6 +715,12 @@ TEST(Trainer, FaultTolerantZero2RunLosesARankAndEndsAtTheOneProcessWeights) {
                  FaultTolerantJob{4, 3, {"--zero", "2", "--shards-per-replica", "2"}});
 }
 
+// --amp bf16 composes with --fault-tolerance (autocast keeps no state): the
+// survivor commits each of the 40 steps once and ends near one process under
+// autocast, and autocast did run (the weights are not float32's). "Near": two
+// halves of a batch rounded to bfloat16 apart are not the whole batch rounded once,
+// and over 40 steps that drifted 0.022 here, about one step's change (0.01-0.02),
+// so the weights cannot tell a lost step; the counters do.
 TEST(Trainer, FaultTolerantRunUnderBf16AutocastLosesAReplicaAndEndsNearTheOneProcessWeights) {
   TempDir dir("cohort-trainer");
   const auto alone = dir.path + "/alone.pt", survived = dir.path + "/survived.pt";
