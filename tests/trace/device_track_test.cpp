@@ -377,7 +377,7 @@ TEST(DeviceTrack, TheSwitchIsReadFromTheEnvironmentAndABadValueNamesIt) {
   }
 }
 
-// The real clock says why it cannot be had: the CPU, a LibTorch before 2.0, or a
+// The real clock says why it cannot be had: the CPU, a LibTorch before 2.4, or a
 // CUDA LibTorch on a machine without a GPU (as CI's). On a GPU it is had.
 TEST(DeviceTrack, TheEventClockRefusesTheCpuAndSaysWhyCudaIsMissing) {
   try {
@@ -396,7 +396,7 @@ TEST(DeviceTrack, TheEventClockRefusesTheCpuAndSaysWhyCudaIsMissing) {
     FAIL() << "a device clock for a GPU that is not there";
   } catch (const cohort::Error& e) {
     const std::string what = e.what();
-    EXPECT_TRUE(what.find("before 2.0") != std::string::npos || what.find("cuda:0") != std::string::npos) << what;
+    EXPECT_TRUE(what.find("before 2.4") != std::string::npos || what.find("cuda:0") != std::string::npos) << what;
   }
 }
 

@@ -99,6 +99,36 @@ TEST(Timeline, RecordsOnlyInsideTheWindowAndCountsWhatTheCapDrops) {
   }
 }
 
+// A collective is an async pair (begin, end): at the cap it is kept whole or dropped
+// whole, never a begin without its end (an event the viewers leave open to the end
+// of the trace). The place it could not use is left to a later event of one place.
+TEST(Timeline, ACollectiveAtTheCapIsKeptWholeOrNotAtAll) {
+  cohort::testing::TempDir dir;
+  {
+    Timeline t(0, TimelineOptions().directory(dir.path).max_events(4));
+    t.set_step(0);
+    const double now = Timeline::now_us();
+    t.span("forward", "phase", now, now + 10);
+    t.async("all_reduce", "collective", now, now + 5, 64);
+    EXPECT_EQ(t.size(), 3u);
+    t.async("all_reduce", "collective", now + 5, now + 9, 64);  // 2 places wanted, 1 left
+    EXPECT_EQ(t.size(), 3u);
+    EXPECT_EQ(t.dropped(), 2u);
+    t.instant("mark", "test", now + 9);
+    EXPECT_EQ(t.size(), 4u);
+    EXPECT_EQ(t.dropped(), 2u);
+  }
+  const auto doc = read_json(fs::path(dir.path) / "rank-0.json");
+  EXPECT_EQ(doc.at("otherData").at("dropped_events"), 2);
+  int begins = 0, ends = 0;
+  for (const auto& e : non_metadata(doc)) {
+    begins += e.at("ph") == "b";
+    ends += e.at("ph") == "e";
+  }
+  EXPECT_EQ(begins, 1);
+  EXPECT_EQ(ends, 1);
+}
+
 TEST(Timeline, SpansAreWrittenParentFirstWithTheClockOffsetApplied) {
   cohort::testing::TempDir dir;
   Timeline t(0, TimelineOptions().directory(dir.path));

@@ -221,13 +221,13 @@ Pending Group::launch(const char* op, std::optional<c10::Device> device, std::in
   if (g.check_collectives && checkable && op_code(op) >= 0 && g.global_ranks.size() > 1 &&
       g.backend->getBackendName() != "nccl")
     check_same_call(g, op, seq, bytes);
+  // Marked before the issue: the backend's stream starts from this point of ours.
+  // Outside the try below, whose catch blames the backend.
+  auto device_start = recording && device ? g.recorder->device_mark(*device) : nullptr;
   c10::intrusive_ptr<compat::Work> work;
-  std::shared_ptr<DeviceMark> device_start;
   try {
     std::unique_lock<std::mutex> lock(gloo_launch_mutex(), std::defer_lock);  // Note [One Gloo launch at a time]
     if (g.backend->getBackendName() == "gloo") lock.lock();
-    // Marked before the issue: the backend's stream starts from this point of ours.
-    if (recording && device) device_start = g.recorder->device_mark(*device);
     work = issue();
   } catch (const std::exception& e) {
     // The backend refused the call itself (dtype, shape, device): this rank's input,

@@ -120,8 +120,8 @@ class EventClock final : public DeviceClock {
 std::shared_ptr<DeviceClock> event_clock(c10::Device device, std::chrono::milliseconds anchor_bound) {
   if (device.is_cpu()) throw Error("the CPU runs what it is given as it is called: its times are the host's");
   if (!compat::kEventsAreTimed)
-    throw Error("LibTorch before 2.0 cannot time device events (its c10::Event has no elapsedTime); build "
-                "against LibTorch 2.x for the device's side of the timeline");
+    throw Error("LibTorch before 2.4 cannot time device events (its c10::Event has no elapsedTime); build "
+                "against LibTorch 2.4 or newer for the device's side of the timeline");
   try {
     auto clock = std::make_shared<EventClock>(device);
     clock->anchor(anchor_bound);
