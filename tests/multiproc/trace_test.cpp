@@ -168,11 +168,23 @@ TEST(Stragglers, ASlowRankIsNamedInTheReportAndTheLaunchersSummary) {
 
 TEST(Stragglers, ABalancedRunNamesNoOne) {
   // 60 steps: medians over enough steps that a loaded CI machine's scheduling noise
-  // stays well under the 20% threshold.
-  auto r = cohort_run(2, {}, {"train", "60"});
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_NE(r.out.find("[rank0]: stragglers:\n"), std::string::npos) << describe(r);
-  EXPECT_NE(r.err.find("no straggler"), std::string::npos) << describe(r);
+  // stays well under the 20% threshold. Not always: on CI's 2-core VM one virtual
+  // CPU was once slowed by its host for the whole run (rank 1's median 58% over rank
+  // 0's, 2026-11-29). A report that names a balanced rank by its own fault would do
+  // so in every run, and such noise does not last two, so a second run decides: the
+  // test fails when both name someone, and shows the first.
+  std::string first;
+  for (int run = 0; run < 2; ++run) {
+    auto r = cohort_run(2, {}, {"train", "60"});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const bool none = r.out.find("[rank0]: stragglers:\n") != std::string::npos &&
+                      r.err.find("no straggler") != std::string::npos;
+    if (none) return;
+    if (run == 1)
+      FAIL() << "two balanced runs named a straggler\n--- first run\n" << first << "\n--- second run\n"
+             << describe(r);
+    first = describe(r);
+  }
 }
 
 // Note [Threads per worker], observed from inside the workers.
