@@ -157,8 +157,21 @@ TEST(Timeline, BadFlagsAreRefusedBeforeAnythingStarts) {
   EXPECT_NE(m.err.find("not a directory"), std::string::npos) << describe(m);
 }
 
+// Note [Straggler tests on a shared VM]: a step of the worker is 40-70 ms of one
+// core, and its ~5 MB of gradients are reduced by Gloo's threads on the same two
+// cores, so on CI's 2-core VM two balanced ranks' medians differ by up to 40% in
+// one run of six, and once by 58% (rank 1 over rank 0, 2026-11-29), past the
+// report's 20%. These tests prove the wiring (each rank's work times, the gather,
+// the verdict, the launcher's summary) with a threshold of 100%, a rank named only
+// when its median is twice the fastest's, and a slow rank that sleeps 150 ms per
+// step, 3-5 times a balanced step. The 20% rule itself is tested on given numbers
+// in tests/trace/straggler_test.cpp.
+const std::map<std::string, std::string> kStragglerEnv{{"COHORT_TEST_STRAGGLER_THRESHOLD_PCT", "100"}};
+
 TEST(Stragglers, ASlowRankIsNamedInTheReportAndTheLaunchersSummary) {
-  auto r = cohort_run(2, {}, {"train", "30"}, {{"COHORT_TEST_SLOW_RANK", "1"}, {"COHORT_TEST_SLOW_MS", "60"}});
+  auto env = kStragglerEnv;
+  env.insert({{"COHORT_TEST_SLOW_RANK", "1"}, {"COHORT_TEST_SLOW_MS", "150"}});
+  auto r = cohort_run(2, {}, {"train", "30"}, env);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.out.find("[rank0]: stragglers: 1\n"), std::string::npos) << describe(r);
   const auto summary = r.err.find("cohort run: summary from the workers:");
@@ -167,15 +180,13 @@ TEST(Stragglers, ASlowRankIsNamedInTheReportAndTheLaunchersSummary) {
 }
 
 TEST(Stragglers, ABalancedRunNamesNoOne) {
-  // 60 steps: medians over enough steps that a loaded CI machine's scheduling noise
-  // stays well under the 20% threshold. Not always: on CI's 2-core VM one virtual
-  // CPU was once slowed by its host for the whole run (rank 1's median 58% over rank
-  // 0's, 2026-11-29). A report that names a balanced rank by its own fault would do
-  // so in every run, and such noise does not last two, so a second run decides: the
-  // test fails when both name someone, and shows the first.
+  // 60 steps, medians. Should noise pass even 100% (a host that slows one virtual
+  // CPU for the whole run), a second run decides: a report that names a balanced
+  // rank by its own fault would do so every time, and the test fails when both runs
+  // name someone, showing the first.
   std::string first;
   for (int run = 0; run < 2; ++run) {
-    auto r = cohort_run(2, {}, {"train", "60"});
+    auto r = cohort_run(2, {}, {"train", "60"}, kStragglerEnv);
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     const bool none = r.out.find("[rank0]: stragglers:\n") != std::string::npos &&
                       r.err.find("no straggler") != std::string::npos;
