@@ -124,14 +124,30 @@ int train_fault_tolerant(const TrainerOptions& o) {
       if (q->changed) {
         optimizer.on_quorum(*q);
         if (!o.checkpoint_dir.empty()) checkpointer = optimizer.checkpointer(o.checkpoint_dir, o.keep_checkpoints, *q);
+        std::optional<std::int64_t> resumed;
         if (q->fresh_start && checkpointer) {
           if (auto restored = checkpointer->load_latest(*model, optimizer.optimizer(), torch::kCPU)) {
             replicas.resume_at(restored->progress.step);
+            resumed = restored->progress.step;
             std::cout << fmt::format("replica {}: resuming from {} (step {})", id, restored->path,
                                      restored->progress.step)
                       << std::endl;
           }
         }
+        // A fresh start after the first quorum: every replica that trained was lost,
+        // and the job goes back to its checkpoint, or to step 0. Said loudly, once per
+        // quorum, by its rank 0 (it went unsaid before: issue 46).
+        if (q->fresh_start && q->id > 1 && q->rank == 0)
+          std::cerr << fmt::format("replica {}: WARNING: no live replica holds the training state (every replica that "
+                                   "trained was lost, or none had committed a step yet); training starts again {} "
+                                   "(quorum {})",
+                                   id,
+                                   resumed ? fmt::format("from the checkpoint of step {}", *resumed)
+                                           : std::string(checkpointer ? "from step 0: no checkpoint was found"
+                                                                      : "from step 0: pass --checkpoint-dir to keep "
+                                                                        "progress across such losses"),
+                                   q->id)
+                    << std::endl;
         std::cout << fmt::format("replica {}: training in quorum {} with replicas {} from step {}", id, q->id,
                                  fmt::join(q->replica_ids(), ", "), replicas.step())
                   << std::endl;
@@ -178,8 +194,15 @@ int train_fault_tolerant(const TrainerOptions& o) {
   }
   replicas.finish();
   const auto train_s = std::chrono::duration<double>(Clock::now() - started).count();
-  // Every member holds the same weights: the quorum's rank 0 scores the test set
-  // alone and writes --save-final.
+  // Note [Every member writes the final weights]: every member of the last quorum
+  // holds the same weights, and each writes --save-final (atomically: the same
+  // bytes, the last rename wins). When only the quorum's rank 0 wrote them, its death
+  // after the last commit ended the job with exit 0 and no weights: its replacement
+  // finds training finished and has nothing to write (found by review). Rank 0 then
+  // scores the test set alone.
+  if (!o.save_final.empty())
+    cohort::checkpoint::write_file_atomically(
+        o.save_final, cohort::checkpoint::torch_save_bytes(cohort::checkpoint::state_dict(*model)));
   if (q->rank != 0) return 0;
   torch::NoGradGuard no_grad;
   model->eval();
@@ -197,9 +220,6 @@ int train_fault_tolerant(const TrainerOptions& o) {
     correct += out.argmax(1).eq(batch.target).sum().item<std::int64_t>();
     seen += static_cast<std::int64_t>(idx.size());
   }
-  if (!o.save_final.empty())
-    cohort::checkpoint::write_file_atomically(
-        o.save_final, cohort::checkpoint::torch_save_bytes(cohort::checkpoint::state_dict(*model)));
   const auto& stats = replicas.stats();
   nlohmann::json summary = {
       {"test_accuracy", static_cast<double>(correct) / seen},

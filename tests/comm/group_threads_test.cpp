@@ -325,3 +325,55 @@ TEST(InitOptions, FromEnvironment) {
 }
 
 }  // namespace
+
+namespace {
+
+// Note [A broken group] (comm/arrival_board.h): 8 ranks; rank 7 leaves the world
+// (its sockets close) while the others wait in an all_reduce. Only its peers in
+// Gloo's algorithm see the closed connection; the others used to wait on live ranks
+// that had already left, for the whole timeout (60 s here). Now every rank leaves
+// with a CommError, the others quoting the rank that lost its peer; the test gives
+// them 30 s.
+TEST(ThreadWorld, WhenAPeerLeavesEveryRankLeavesTheCollectiveNotOnlyItsNeighbours) {
+  constexpr int kRanks = 8;
+  auto options = quick().timeout(60s);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::atomic<int> verdicts{0};
+  std::vector<std::future<std::string>> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.push_back(std::async(std::launch::async, [=, &verdicts]() -> std::string {
+      auto world = World::init_with_store(store, r, kRanks, options);
+      world.group().barrier();
+      if (r == kRanks - 1) return "left";  // its world, sockets and all, goes now
+      auto t = torch::ones({1 << 16});
+      std::string verdict;
+      try {
+        world.group().all_reduce(t);
+        verdict = "completed";
+      } catch (const cohort::CommError& e) {
+        verdict = std::string("CommError: ") + e.what();
+      } catch (const std::exception& e) {
+        verdict = std::string("other error: ") + e.what();
+      }
+      ++verdicts;  // keep every world until all have their verdict
+      while (verdicts.load() < kRanks - 1) std::this_thread::yield();
+      return verdict;
+    }));
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (int r = 0; r < kRanks - 1; ++r)
+    ASSERT_EQ(ranks[r].wait_until(deadline), std::future_status::ready)
+        << "rank " << r << " still waits on ranks that left the collective";
+  int abandoned = 0;
+  for (int r = 0; r < kRanks - 1; ++r) {
+    const auto verdict = ranks[r].get();
+    EXPECT_EQ(verdict.rfind("CommError: ", 0), 0u) << "rank " << r << ": " << verdict;
+    if (verdict.find("was abandoned: another member's collective on this group failed (rank ") != std::string::npos)
+      ++abandoned;
+  }
+  EXPECT_EQ(ranks[kRanks - 1].get(), "left");
+  // With 8 ranks, Gloo's all_reduce connects no rank to every other in one step:
+  // some rank learnt of the failure from the mark, not from a socket.
+  EXPECT_GE(abandoned, 1);
+}
+
+}  // namespace

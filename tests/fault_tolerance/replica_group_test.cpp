@@ -268,3 +268,40 @@ TEST(ReplicaGroup, AReplicaThatResumesAfterItsQuorumWasAbandonedDoesNotHang) {
   const auto late = replicas[2].get();
   EXPECT_TRUE(late == "trained" || late == "finished") << late;
 }
+
+// Note [An event that never comes]: an agent died between numbering an event (add)
+// and writing it (set). A later death of a member must still reach the watcher and
+// abort the vote at once, not after quorum_timeout (60 s here; the test gives up at
+// 30 s). Replica 1 forms quorum 1 with replica 0, then "dies": it never votes, and
+// its death is published as event 2, after the hole at event 1.
+TEST(ReplicaGroup, ADeathAfterAnEventThatNeverCameStillAbortsTheVote) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto options = ft::ReplicaGroupOptions().quorum_timeout(60s).collective_timeout(60s).start_timeout(20s);
+  std::promise<void> survivor_formed, victim_formed, published, done;
+  auto survivor = std::async(std::launch::async, [&, go = published.get_future()] {
+    ft::ReplicaGroup replicas(store, store, 0, 2, 0, options);
+    replicas.begin_step();
+    survivor_formed.set_value();
+    go.wait();
+    return replicas.end_step(true);
+  });
+  auto victim = std::async(std::launch::async, [&, finished = done.get_future()] {
+    ft::ReplicaGroup replicas(store, store, 1, 2, 0, options);
+    replicas.begin_step();
+    victim_formed.set_value();
+    finished.wait();  // keeps its group alive, never votes
+  });
+  survivor_formed.get_future().wait();
+  victim_formed.get_future().wait();
+  EXPECT_EQ(store->add(ft::keys::events(), 1), 1);  // the agent that died before its set
+  store->set(ft::keys::dead(1), std::vector<uint8_t>{'0'});
+  EXPECT_EQ(store->add(ft::keys::events(), 1), 2);
+  const std::string text = "dead 1 0";
+  store->set(ft::keys::event(2), std::vector<uint8_t>(text.begin(), text.end()));
+  published.set_value();
+  const auto heard = survivor.wait_for(30s);
+  done.set_value();
+  ASSERT_EQ(heard, std::future_status::ready) << "the watcher waited for event 1 and never heard of the death";
+  EXPECT_FALSE(survivor.get()) << "the vote with a dead member must abort";
+  victim.get();
+}

@@ -320,3 +320,29 @@ TEST(Quorum, WithShardsPerReplicaAHolderInAReplicaNotYetWholeIsWaitedFor) {
 }
 
 }  // namespace
+
+namespace {
+
+// Note [Published dead is out] (quorum.cpp): a worker whose incarnation the launcher
+// published dead (its node was taken for lost while it lived) is told so at once and
+// never taken into a quorum, even when its arrival reached the store before the news.
+TEST(Quorum, AWorkerPublishedDeadLeavesAndIsNeverTakenIn) {
+  auto s = store();
+  // Replica 2's stale incarnation 0 arrived, then its node was published lost.
+  s->set(ft::keys::arrived(1, 2), cohort::util::to_bytes("0 0"));
+  s->set(ft::keys::dead(2), cohort::util::to_bytes("0"));
+  try {
+    ft::form_quorum(*s, 1, {2, 0, 0}, rules(3));
+    ADD_FAILURE() << "a worker published dead came to a quorum";
+  } catch (const cohort::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("replica 2 (incarnation 0) was published dead"), std::string::npos)
+        << e.what();
+  }
+  auto a = std::async(std::launch::async, [&] { return ft::form_quorum(*s, 1, {0, 0, 0}, rules(3)); });
+  auto b = ft::form_quorum(*s, 1, {1, 0, 0}, rules(3));
+  EXPECT_EQ(a.get().encode(), b.encode());
+  EXPECT_EQ(b.members.size(), 2u) << b.encode();
+  EXPECT_EQ(b.index_of(2), -1) << "the stale arrival was taken in: " << b.encode();
+}
+
+}  // namespace

@@ -738,6 +738,40 @@ TEST(Trainer, FaultTolerantRunUnderBf16AutocastLosesAReplicaAndEndsNearTheOnePro
   EXPECT_GT(max_difference(fp32, survived), 0.0);
 }
 
+// Note [Every member writes the final weights] (examples/fashion_mnist/
+// fault_tolerant.cpp): the quorum's rank 0 is killed as soon as it reports the last
+// step, before it has scored the test set. Every member writes --save-final, so the
+// survivor's file is there, at the one-process weights; the replacement finds
+// training finished and exits 0. Before, only rank 0 wrote it, and the job exited
+// 0 with no weights (found by review).
+TEST(Trainer, FaultTolerantRunWritesTheFinalWeightsWhenRankZeroDiesAfterTheLastStep) {
+  TempDir dir("cohort-trainer");
+  const std::vector<std::string> args = {"--fault-tolerance", "--epochs", "1",   "--limit-train-batches", "20",
+                                         "--optimizer",       "sgd",      "--lr", "0.02", "--seed", "3", "--schedule",
+                                         "constant",          "--memory-format", "contiguous"};
+  const auto alone = dir.path + "/alone.pt", final_weights = dir.path + "/final.pt";
+  auto one = cohort::testing::run_process(
+      with({COHORT_TRAINER_PATH, "--batch-size", "64", "--save-final", alone}, args), 240s, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  std::vector<std::string> argv{COHORT_CLI_PATH,     "run",        "--nproc-per-node", "2",  "--fault-tolerance",
+                                "in-process",        "--max-restarts", "1",            "--stop-timeout", "3",
+                                COHORT_TRAINER_PATH, "--batch-size", "32", "--save-final", final_weights};
+  argv.insert(argv.end(), args.begin(), args.end());
+  cohort::testing::Subprocess job(argv, {{"OMP_NUM_THREADS", "1"}, {"COHORT_FT_COLLECTIVE_TIMEOUT", "10"},
+                                         {"COHORT_FT_QUORUM_TIMEOUT", "3"}});
+  std::smatch m;
+  // Rank 0 of the only quorum is replica 0; its pid is in its first line.
+  const std::regex last(R"(replica 0: incarnation 0 pid (\d+)[\s\S]*step 20/20)");
+  ASSERT_TRUE(job.read_until([&](const std::string& out) { return std::regex_search(out, m, last); }, 120s))
+      << job.out() << job.err();
+  ::kill(std::stoi(m[1]), SIGKILL);
+  auto r = job.finish(240s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("worker 0 (incarnation 0"), std::string::npos) << "rank 0 was not killed\n" << describe(r);
+  ASSERT_TRUE(fs::exists(final_weights)) << "no --save-final after rank 0 died past the last step\n" << describe(r);
+  EXPECT_LT(max_difference(alone, final_weights), kAcrossWorldSizes);
+}
+
 // Every replica lost (the job stopped): a new job of fault-tolerant replicas finds
 // no live state, loads the newest checkpoint from disk and goes on from its step.
 // `shape.args` go to both jobs (not the one process), which run `shape.ranks` ranks.

@@ -73,7 +73,16 @@ void ArrivalBoard::publish_now() {
 void ArrivalBoard::publish_loop() {
   auto last = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, kTick, [&] { return stop_; })) {
+  for (;;) {
+    // Note [A broken group]: while a wait is in progress the thread wakes every
+    // kBrokenPoll instead of every kTick.
+    const bool watching = waiting_.load() > 0 && !has_broken_.load();
+    if (cv_.wait_for(lock, watching ? kBrokenPoll : kTick, [&] { return stop_; })) return;
+    if (watching) {
+      lock.unlock();
+      look_for_broken_mark();
+      lock.lock();
+    }
     auto now = std::chrono::steady_clock::now();
     bool moved;
     {
@@ -85,6 +94,57 @@ void ArrivalBoard::publish_loop() {
     publish_now();
     lock.lock();
     last = now;
+  }
+}
+
+namespace {
+const char* const kBrokenKey = "broken";
+}
+
+void ArrivalBoard::mark_broken(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    if (broken_.empty()) broken_ = why;
+  }
+  has_broken_ = true;
+  try {
+    store_->set(prefix_ + kBrokenKey, util::to_bytes(why));
+  } catch (const std::exception&) {
+    // The store is gone: the peers' own waits end at their timeouts, as before.
+  }
+}
+
+std::string ArrivalBoard::broken() const {
+  if (!has_broken_.load()) return {};
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  return broken_;
+}
+
+void ArrivalBoard::begin_wait() {
+  ++waits_begun_;
+  ++waiting_;
+}
+
+void ArrivalBoard::end_wait() { --waiting_; }
+
+void ArrivalBoard::look_for_broken_mark() {
+  // Only once the same waits have lasted a whole poll: most collectives end sooner,
+  // and never reach the store.
+  const auto begun = waits_begun_.load();
+  const bool lasted = begun == waits_seen_;
+  waits_seen_ = begun;
+  if (!lasted) return;
+  try {
+    const auto key = prefix_ + kBrokenKey;
+    if (!store_->check({key})) return;
+    auto why = util::from_bytes(store_->get(key));
+    {
+      std::lock_guard<std::mutex> lock(broken_mu_);
+      if (broken_.empty()) broken_ = why.empty() ? std::string("a member marked the group broken") : why;
+    }
+    has_broken_ = true;
+  } catch (const std::exception&) {
+    // The store did not answer: the wait ends at its own timeout, as before.
   }
 }
 

@@ -24,8 +24,24 @@
 // Timeouts are seconds to minutes and kTick is 50 ms, so an arrived rank has
 // always published before anyone can time out waiting for it. Heartbeat ages compare
 // clocks across hosts; they assume NTP-level agreement (seconds), not more.
+//
+// Note [A broken group]
+// A collective that fails on one rank leaves the group unusable for all. Over Gloo
+// only the ranks connected to a dead peer see its connection close; a rank further
+// along the ring waits for data from live peers that have already left the
+// collective, until its own timeout (4 fault-tolerant replicas, one killed: the
+// survivor opposite it waited the whole collective timeout and was dropped from the
+// next quorum as if it had died). So the first rank whose collective fails on a
+// closed connection marks the group broken in the store (mark_broken, with its
+// reason; a timeout is not marked, as every member waits out the same one and
+// names the missing ranks itself), and a rank that has
+// been waiting in a collective for longer than kBrokenPoll (20 ms) has the board's
+// thread look for that mark every kBrokenPoll; its wait then ends at once with a
+// CommError that quotes the reason. Short waits never touch the store, and the mark
+// is one key per group.
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -74,9 +90,21 @@ class ArrivalBoard {
   static std::vector<int> missing(const std::vector<PeerStatus>& peers);
   static constexpr int kHistory = 8;
 
+  // Note [A broken group]. Marks the group broken for every member, keeping this
+  // process's reason; never throws (an unreachable store leaves only the mark here).
+  void mark_broken(const std::string& why);
+  // The reason a member gave, once this process has seen the mark; "" before.
+  std::string broken() const;
+  // While a wait is in progress (begin_wait .. end_wait), the board's thread looks
+  // for the mark every kBrokenPoll once the same waits have lasted that long.
+  void begin_wait();
+  void end_wait();
+  static constexpr std::chrono::milliseconds kBrokenPoll{20};
+
  private:
   void publish_loop();
   void publish_now();
+  void look_for_broken_mark();
   std::string key(int position) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -92,6 +120,12 @@ class ArrivalBoard {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  mutable std::mutex broken_mu_;  // guards broken_
+  std::string broken_;
+  std::atomic<bool> has_broken_{false};
+  std::atomic<int> waiting_{0};
+  std::atomic<std::int64_t> waits_begun_{0};
+  std::int64_t waits_seen_ = -1;  // publisher thread only
   std::thread thread_;
 };
 

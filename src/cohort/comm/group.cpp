@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <ATen/core/ivalue.h>
+
+#include <condition_variable>
 #include <cstring>
 #include <iterator>
 #include <mutex>
@@ -59,12 +62,77 @@ bool looks_like_timeout(const std::string& what) {
                     g.global_rank, seconds, where, not_arrived, backend_message),
         op, missing);
   }
+  // Note [A broken group]: the members still waiting, some of them on live peers
+  // that have left, leave now. (A timeout is not marked: every member waits out the
+  // same timeout, and each names the missing ranks itself.)
+  g.board->mark_broken(fmt::format("rank {} lost a peer in {} #{}: {}", g.global_rank, op, seq, backend_message));
   // A fast failure (a closed connection) comes before the peers' positions are
   // published (Note [Arrival board]), so the board is not quoted here.
   throw CommError(fmt::format(
       "cohort: rank {}: {} failed: a peer closed its connection or the transport broke.\n  fix: a peer most likely "
       "exited or crashed; its own output (or the `cohort run` summary) names the first failure.\n  backend: {}",
       g.global_rank, where, backend_message));
+}
+
+[[noreturn]] void throw_broken(const GroupState& g, const char* op, std::int64_t seq, const std::string& why) {
+  throw CommError(fmt::format(
+      "cohort: rank {}: {} #{} of group '{}' ({} ranks, backend {}) was abandoned: another member's collective on "
+      "this group failed ({}), so this one cannot complete.\n  fix: a peer most likely exited or crashed; its own "
+      "output (or the `cohort run` summary) names the first failure",
+      g.global_rank, op, seq, g.name, g.global_ranks.size(), g.backend->getBackendName(), why));
+}
+
+// Note [A broken group] (arrival_board.h): a Gloo wait sleeps on the work's future,
+// waking every kBrokenPoll to ask whether another member marked the group broken.
+// Returns when the work completed (its result is then read by work.wait(), at
+// once); throws "wait timed out" at the group's timeout. A work without a future
+// (Gloo's send and recv in some versions) is waited for as before.
+void wait_watching(const GroupState& g, compat::Work& work, const char* op, std::int64_t seq) {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work.getFuture();
+  } catch (const std::exception&) {
+    future.reset();
+  }
+  if (!future) {
+    if (!work.wait(g.timeout)) throw std::runtime_error("wait timed out");
+    return;
+  }
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();  // outlives an abandoned wait: the callback holds it
+  future->addCallback([done](c10::ivalue::Future&) {
+    {
+      std::lock_guard<std::mutex> lock(done->mu);
+      done->done = true;
+    }
+    done->cv.notify_all();
+  });
+  auto& board = *g.board;
+  board.begin_wait();
+  struct EndWait {
+    ArrivalBoard& b;
+    ~EndWait() { b.end_wait(); }
+  } end_wait{board};
+  const auto deadline = std::chrono::steady_clock::now() + g.timeout;
+  {
+    std::unique_lock<std::mutex> lock(done->mu);
+    while (!done->done) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) throw std::runtime_error("wait timed out");
+      done->cv.wait_for(lock, std::min<std::chrono::steady_clock::duration>(ArrivalBoard::kBrokenPoll, deadline - now));
+      if (done->done) break;
+      auto why = board.broken();
+      if (!why.empty()) {
+        lock.unlock();
+        throw_broken(g, op, seq, why);
+      }
+    }
+  }
+  if (!work.wait(g.timeout)) throw std::runtime_error("wait timed out");
 }
 
 void check_tensor(const GroupState& g, const char* op, const at::Tensor& t) {
@@ -172,7 +240,10 @@ void Pending::wait() {
       work->synchronize();
       mark_end();
     }
-    if (!work->wait(group_->timeout)) throw std::runtime_error("wait timed out");
+    if (group_->backend->getBackendName() == "gloo")
+      wait_watching(*group_, *work, op_, seq_);
+    else if (!work->wait(group_->timeout))
+      throw std::runtime_error("wait timed out");
   } catch (const cohort::Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -116,6 +116,7 @@ std::map<int, Member> read_arrivals(c10d::Store& store, std::int64_t target, int
     m.id = id;
     std::istringstream in(util::from_bytes(store.get(key)));
     in >> m.incarnation >> m.step;
+    if (dead_incarnation(store, id) >= m.incarnation) continue;  // Note [Published dead is out]
     found[id] = m;
   }
   return found;
@@ -140,8 +141,32 @@ std::int64_t top_step(const std::map<int, Member>& members) {
 
 }  // namespace
 
+// Note [Published dead is out]
+// The launcher publishes a worker dead when it reaps it, and the agent hosting the
+// store publishes the workers of a node it lost (Note [A lost slot's ranks are
+// published dead] in launcher/in_process.h). A node can be lost while its workers
+// live on: its agent stopped (SIGSTOP), or cut off. Such a worker used to go on
+// arriving under its replica's id beside the newcomer that took its place, and the
+// two overwrote each other's arrival every quorum: quorums re-formed almost every
+// step, and the two ran as the same replica (found by review). So an arrival whose
+// incarnation is published dead is never taken into a quorum, and a worker that
+// finds itself published dead stops with a CommError that says so: its agent, if it
+// is alive, replaces it with a higher incarnation, as for any death.
+namespace {
+void throw_if_published_dead(c10d::Store& store, const Member& me, std::int64_t target) {
+  const auto dead = dead_incarnation(store, me.id);
+  if (dead < me.incarnation) return;
+  throw CommError(fmt::format("cohort: fault tolerance: replica {} (incarnation {}) was published dead (up to "
+                              "incarnation {}) while it came to quorum {}: the launcher lost its node (its agent "
+                              "stopped answering) and the others go on without it; it leaves the job\n  fix: none "
+                              "needed here; a live agent replaces this worker with a new incarnation",
+                              me.id, me.incarnation, dead, target));
+}
+}  // namespace
+
 QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& me, const FormRules& rules,
                          const std::function<void()>& on_arrived) {
+  throw_if_published_dead(store, me, target);
   const auto members_key = keys::members(target);
   store.set(keys::arrived(target, me.id), util::to_bytes(fmt::format("{} {}", me.incarnation, me.step)));
   const auto count_key = keys::quorum(target) + "/count";
@@ -166,6 +191,7 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
     }
     const auto count = store.add(count_key, 0);
     if (count != seen_count) {
+      throw_if_published_dead(store, me, target);
       arrived = read_arrivals(store, target, rules.max_replicas);
       seen_count = count;
     }

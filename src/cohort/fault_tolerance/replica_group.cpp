@@ -36,7 +36,18 @@ std::vector<int> Quorum::replica_ids() const {
 // a death heard just before the vote is not missed either. A kill -9 during a
 // collective needs no help: the peer's sockets close and Gloo fails the
 // collective at once; the watcher matters for a death between collectives.
+//
+// Note [An event that never comes]
+// An agent numbers an event with add() and writes it with set() just after. An
+// agent that dies between the two leaves a number whose event never appears, and a
+// watcher that waited for it would hear no later death (found by reading). So once
+// the counter has passed the awaited number and the event is still missing after
+// kMissingEventGrace (the set follows the add within microseconds on a live agent),
+// the watcher skips that number.
 namespace {
+
+constexpr auto kMissingEventGrace = std::chrono::seconds(2);
+
 
 struct Death {
   int id;
@@ -70,14 +81,25 @@ void run_watcher(WatchState& w, c10d::Store& store) {
   } catch (const std::exception&) {
     return;  // no store: the collectives' own failures still abort steps
   }
+  auto missing_since = std::chrono::steady_clock::time_point::max();  // Note [An event that never comes]
   while (!w.stop.load()) {
     const auto key = keys::event(next);
     try {
       // Note [A wait that runs out over c10d's TCPStore]
-      if (!wait_for_key(store, key, std::chrono::milliseconds(250), std::chrono::milliseconds(10))) continue;
+      if (!wait_for_key(store, key, std::chrono::milliseconds(250), std::chrono::milliseconds(10))) {
+        if (store.add(keys::events(), 0) < next) continue;  // not numbered yet
+        const auto now = std::chrono::steady_clock::now();
+        if (missing_since == std::chrono::steady_clock::time_point::max()) missing_since = now;
+        if (now - missing_since >= kMissingEventGrace) {
+          ++next;  // its agent died between add and set
+          missing_since = std::chrono::steady_clock::time_point::max();
+        }
+        continue;
+      }
     } catch (const std::exception&) {
       return;  // no store: the collectives' own failures still abort steps
     }
+    missing_since = std::chrono::steady_clock::time_point::max();
     std::string text;
     try {
       text = util::from_bytes(store.get(key));

@@ -34,6 +34,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Note [A lost static node's ranks are published dead]: a node whose agent has not
+// beaten for this long is taken for lost. Its beat is every 0.5 s and the agent's
+// monitor wakes every --monitor-interval, so only a lost (or frozen) agent is this
+// late; a job's first quorum waits this long for it instead of 5 minutes.
+constexpr std::chrono::milliseconds kStaticNodeLostAfter{10000};
+
 // Signals reach the agent through a self-pipe, so the worker group's poll loop sees
 // them in order with worker output and exits (Note [No orphans] covers the workers'
 // side). A signal handler can reach nothing but a global, so this one pipe is the
@@ -172,6 +178,11 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
                        options.max_restarts);
     context.first_incarnation = in_process->first_incarnation(options.node_rank);
   }
+  // Note [A lost static node's ranks are published dead]
+  std::optional<StaticNodeBeats> beats;
+  if (in_process && options.max_nodes > 1)
+    beats.emplace(rendezvous.workers_view(0, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10))),
+                  rendezvous.node_sizes(), options.node_rank, kStaticNodeLostAfter);
   for (int attempt = 0;; ++attempt) {
     context.restart_count = attempt;
     const auto started = std::chrono::steady_clock::now();
@@ -179,11 +190,17 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     for (auto& [name, value] : rendezvous.worker_variables(attempt)) attempt_env[name] = value;
     WorkerGroup running(options, attempt_env, program, assignment, nproc, context, dir.attempt(attempt),
                         g_signal_pipe[0]);
-    if (in_process)
+    if (in_process) {
       running.on_worker_failure(
           [&](const WorkerOutcome& dead, int incarnation) { return in_process->on_death(dead, incarnation); });
-    running.on_tick([&] { return watch->sighting().has_value(); });
+      running.on_training_finished([&] { return in_process->finished_at(); });
+    }
+    running.on_tick([&] {
+      if (beats) beats->tick(*in_process);
+      return watch->sighting().has_value();
+    });
     auto result = running.monitor();
+    if (beats) beats->done();
     running.print_report();
     const auto ran_for = std::chrono::steady_clock::now() - started;
     if (result.success && !result.interrupted) {

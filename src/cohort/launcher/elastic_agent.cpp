@@ -279,9 +279,11 @@ int run_elastic_agent(const AgentSetup& setup) {
       const auto started = Clock::now();
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),
                         setup.signal_fd);
-      if (in_process)
+      if (in_process) {
         group.on_worker_failure(
             [&](const WorkerOutcome& dead, int incarnation) { return in_process->on_death(dead, incarnation); });
+        group.on_training_finished([&] { return in_process->finished_at(); });
+      }
       group.on_tick([&] {
         keep_alive.rethrow();
         const auto s = rdzv.read();

@@ -8,7 +8,9 @@
 
 namespace cohort::launcher {
 
-bool WorkerOutcome::succeeded() const { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
+bool WorkerOutcome::succeeded() const {
+  return killed_after_the_end || (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0);
+}
 
 bool is_casualty(const WorkerOutcome& w) {
   // Killed by SIGPIPE: it wrote to a connection its peer had closed (a program that

@@ -18,6 +18,9 @@ struct WorkerOutcome {
   bool stopped_by_launcher = false;  // it was still running when the launcher stopped it
   std::int64_t exited_at_ms = 0;  // wall-clock, for ordering failures across nodes
   bool frozen = false;  // killed after staying stopped (SIGSTOP) for --frozen-timeout
+  // In-process fault tolerance: killed while stopped after training had finished
+  // without it (Note [A stopped worker after the end]); counts as succeeded.
+  bool killed_after_the_end = false;
   std::optional<elastic::ErrorRecord> error;
   std::string error_file;
 

@@ -19,7 +19,12 @@ std::string ft_event_key(std::int64_t n) { return fmt::format("cohort/ft/event/{
 std::string ft_node_starts_key(int node_rank) { return fmt::format("cohort/ft/node_starts/{}", node_rank); }
 
 std::int64_t publish_death(c10d::Store& store, int rank, int incarnation) {
-  store.set(ft_dead_key(rank), util::to_bytes(std::to_string(incarnation)));
+  // Never lowered: a stopped agent that resumes and reaps its stale worker must not
+  // bring back incarnations that the agent hosting the store published dead with
+  // their lost node (Note [Published dead is out] in fault_tolerance/quorum.cpp).
+  const auto key = ft_dead_key(rank);
+  const bool lower = store.check({key}) && std::stoi(util::from_bytes(store.get(key))) >= incarnation;
+  if (!lower) store.set(key, util::to_bytes(std::to_string(incarnation)));
   const auto n = store.add(kFtEventsKey, 1);
   store.set(ft_event_key(n), util::to_bytes(fmt::format("dead {} {}", rank, incarnation)));
   return n;
@@ -48,6 +53,23 @@ std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_time
                      "(--frozen-timeout); not killed under --fault-tolerance in-process: the others drop it from "
                      "their quorum and take it back when it resumes (SIGCONT)\n",
                      rank, incarnation, pid, frozen_timeout);
+}
+
+std::string stopped_after_the_end_line(int rank, int incarnation, pid_t pid, double frozen_timeout,
+                                       std::int64_t finished_at) {
+  return fmt::format("cohort run: worker {} (incarnation {}, pid {}) has been stopped (SIGSTOP) for over {:g} s "
+                     "(--frozen-timeout) and training finished without it at step {}; killed, not replaced: the "
+                     "job's result stands\n",
+                     rank, incarnation, pid, frozen_timeout, finished_at);
+}
+
+std::optional<std::int64_t> InProcessRestarts::finished_at() const {
+  try {
+    if (!store_->check({kFtFinishedKey})) return std::nullopt;
+    return std::stoll(util::from_bytes(store_->get(kFtFinishedKey)));
+  } catch (const std::exception&) {
+    return std::nullopt;  // not known: the worker stays, as before
+  }
 }
 
 bool repeats_in_a_replacement(const WorkerOutcome& outcome) {
@@ -122,6 +144,60 @@ std::string InProcessRestarts::summary(const std::vector<WorkerOutcome>& in_exit
   return fmt::format("cohort run: fault tolerance in-process: {} worker(s) not replaced or failed in their last "
                      "incarnation, {} of --max-restarts {} single-worker restart(s) used\n",
                      count, used_, max_restarts_);
+}
+
+namespace {
+std::string node_beat_key(int node) { return fmt::format("cohort/ft/node_beat/{}", node); }
+std::string node_done_key(int node) { return fmt::format("cohort/ft/node_done/{}", node); }
+}  // namespace
+
+StaticNodeBeats::StaticNodeBeats(c10::intrusive_ptr<c10d::Store> workers_store, std::vector<int> node_sizes,
+                                 int node_rank, std::chrono::milliseconds lost_after)
+    : store_(std::move(workers_store)),
+      sizes_(std::move(node_sizes)),
+      node_(node_rank),
+      lost_after_(lost_after),
+      seen_(sizes_.size()) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& s : seen_) s.since = now;  // a node that never beats is silent from here
+}
+
+void StaticNodeBeats::tick(InProcessRestarts& restarts) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_beat_ < kBeatEvery) return;
+  last_beat_ = now;
+  try {
+    store_->add(node_beat_key(node_), 1);
+    if (node_ != 0) return;
+    int first_rank = 0;
+    for (int n = 0; n < static_cast<int>(sizes_.size()); first_rank += sizes_[static_cast<size_t>(n)], ++n) {
+      if (n == node_) continue;
+      auto& seen = seen_[static_cast<size_t>(n)];
+      const auto beat = store_->add(node_beat_key(n), 0);
+      if (beat != seen.beat) {
+        seen = {beat, now, false};
+        continue;
+      }
+      if (seen.published || now - seen.since < lost_after_ || store_->check({node_done_key(n)})) continue;
+      seen.published = true;  // once per silence; a node started again beats and is watched afresh
+      const auto count = sizes_[static_cast<size_t>(n)];
+      restarts.publish_lost_slot(n, first_rank, count, [&] { return store_->add(node_beat_key(n), 0) == beat; });
+    }
+  } catch (const std::exception& e) {
+    // Node 0 hosts the store: failing to reach it means this agent's own trouble,
+    // which its workers will show; the beats are only a way to be quicker.
+    if (!warned_)
+      fmt::print(stderr, "cohort run: warning: could not beat or read the nodes' beats on the job's store: {}\n",
+                 e.what());
+    warned_ = true;
+  }
+}
+
+void StaticNodeBeats::done() {
+  try {
+    store_->set(node_done_key(node_), util::to_bytes("1"));
+  } catch (const std::exception&) {
+  }
 }
 
 }  // namespace cohort::launcher

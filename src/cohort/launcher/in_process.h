@@ -37,7 +37,9 @@
 // incarnation that died and the root-cause report stays right.
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +60,8 @@ std::string ft_dead_key(int rank);
 inline constexpr const char* kFtEventsKey = "cohort/ft/events";
 std::string ft_event_key(std::int64_t n);
 std::string ft_node_starts_key(int node_rank);  // Note [A node started again]
+// Written by the workers' ReplicaGroup::finish(): the step at which training ended.
+inline constexpr const char* kFtFinishedKey = "cohort/ft/finished";
 
 // Publishes the death of `rank`'s incarnation `incarnation` on `store` (the
 // workers' prefix); returns the event's number.
@@ -103,6 +107,18 @@ std::string frozen_note(int rank, int incarnation, pid_t pid, double frozen_time
 // replicas were all lost goes back to its checkpoint on disk.
 bool repeats_in_a_replacement(const WorkerOutcome& outcome);
 
+// Note [A stopped worker after the end]
+// A worker stopped (SIGSTOP, a hung host) is left alone in in-process mode (Note
+// [Frozen workers] in worker_group.cpp): the others drop it and take it back when it
+// resumes. Once training has finished without it, nothing is left to take it back
+// into, and `cohort run` waited for it forever after the others had written the
+// final weights and exited 0 (found by review). So a worker that has been stopped
+// for --frozen-timeout after the workers published the end of training
+// (kFtFinishedKey) is killed, said so, not replaced, and counted as done: the job's
+// result stands. The store is read only for a worker already stopped that long.
+std::string stopped_after_the_end_line(int rank, int incarnation, pid_t pid, double frozen_timeout,
+                                       std::int64_t finished_at);
+
 // The agent's side of in-process mode: --max-restarts single-worker restarts over
 // the whole job. Runs on the agent's main thread only.
 class InProcessRestarts {
@@ -131,6 +147,10 @@ class InProcessRestarts {
   // their last incarnation, ...", for a group whose workers have all exited.
   std::string summary(const std::vector<WorkerOutcome>& in_exit_order) const;
 
+  // The step at which the workers said training finished; nullopt before that, or
+  // when the store does not answer (Note [A stopped worker after the end]).
+  std::optional<std::int64_t> finished_at() const;
+
   int restarts_used() const { return used_; }
   int not_replaced() const { return not_replaced_; }
 
@@ -139,6 +159,46 @@ class InProcessRestarts {
   int max_restarts_;
   int used_ = 0;
   int not_replaced_ = 0;
+};
+
+// Note [A lost static node's ranks are published dead]
+// Under the static rendezvous no agent heard of another's loss: a node lost before
+// the first quorum (its agent and workers gone together) held the others for the
+// first quorum's start_timeout, 5 minutes (found by review), and a node lost later
+// was dropped only at the survivors' deadlines. So with several static nodes every
+// agent beats in the store (an add to cohort/ft/node_beat/<node> every kBeatEvery),
+// and node 0's agent, which hosts the store and outlives the others (Note [Static
+// exit barrier]), publishes the ranks of a node whose beat has not moved for
+// lost_after as dead, exactly as for a vacant elastic slot (Note [A lost slot's
+// ranks are published dead]): the first quorum then forms without them at once. An
+// agent whose workers are all done says so (cohort/ft/node_done/<node>) and is not
+// watched after. A node started again beats again and is watched afresh.
+class StaticNodeBeats {
+ public:
+  // `workers_store`: under the workers' prefix; `node_sizes`: every node's worker
+  // count, in node order (ranks follow it).
+  StaticNodeBeats(c10::intrusive_ptr<c10d::Store> workers_store, std::vector<int> node_sizes, int node_rank,
+                  std::chrono::milliseconds lost_after);
+  // Every agent, each monitor tick: beats (at most every kBeatEvery); node 0 also
+  // looks at the others' beats and publishes a silent node's ranks through `restarts`.
+  void tick(InProcessRestarts& restarts);
+  // This node's workers have all exited: it is no longer watched.
+  void done();
+  static constexpr std::chrono::milliseconds kBeatEvery{500};
+
+ private:
+  struct Seen {
+    std::int64_t beat = -1;
+    std::chrono::steady_clock::time_point since;
+    bool published = false;
+  };
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::vector<int> sizes_;
+  int node_;
+  std::chrono::milliseconds lost_after_;
+  std::chrono::steady_clock::time_point last_beat_{};
+  std::vector<Seen> seen_;
+  bool warned_ = false;
 };
 
 }  // namespace cohort::launcher

@@ -159,6 +159,7 @@ Assignment StaticRendezvous::assign(int local_world_size) {
     auto raw = store_->get(fmt::format("cohort/static/size/{}", n));
     sizes.push_back(std::stoi(util::from_bytes(raw)));
   }
+  node_sizes_ = sizes;
   return assign_ranks(sizes, options_.node_rank);
 }
 

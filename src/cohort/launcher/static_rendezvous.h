@@ -44,6 +44,8 @@ class StaticRendezvous {
   // Exchanges worker counts with the other agents, bounded by the timeout; the error
   // names the node ranks that never arrived.
   Assignment assign(int local_world_size);
+  // Every node's worker count, in node order, once assign() has returned.
+  const std::vector<int>& node_sizes() const { return node_sizes_; }
   // Called when this node's workers are done. Node 0 waits until every node is done,
   // because its store must outlive every worker (Note [Static exit barrier]): bounded by the
   // timeout, and cut short by SIGINT, SIGTERM or SIGHUP arriving on `signal_fd` (the
@@ -74,6 +76,7 @@ class StaticRendezvous {
   std::string address_;
   int port_ = 0;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::vector<int> node_sizes_;                 // set by assign()
   std::string token_;                           // set with server_
   std::unique_ptr<store::StoreServer> server_;  // cohort's store, for one node
 };

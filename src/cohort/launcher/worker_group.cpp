@@ -258,6 +258,16 @@ void WorkerGroup::kill_frozen() {
     }
     if (w.stopped_since == Clock::time_point{}) w.stopped_since = now;
     if (keep) {
+      // Note [A stopped worker after the end]
+      if (now - w.stopped_since >= limit && finished_at_ && !w.outcome.killed_after_the_end) {
+        if (const auto step = finished_at_()) {
+          w.outcome.killed_after_the_end = true;
+          fmt::print(stderr, "{}", stopped_after_the_end_line(w.outcome.slot.rank, w.incarnation, w.outcome.pid,
+                                                              options_.frozen_timeout, *step));
+          w.process.signal_group(SIGKILL);
+          continue;
+        }
+      }
       if (now - w.stopped_since >= limit && !w.frozen_noted) {
         w.frozen_noted = true;
         fmt::print(stderr, "{}", frozen_note(w.outcome.slot.rank, w.incarnation, w.outcome.pid, options_.frozen_timeout));

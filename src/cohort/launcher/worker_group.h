@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,13 @@ class WorkerGroup {
   // in-process the group also never kills a stopped worker (Note [Frozen workers]).
   using FailureCallback = std::function<FailureAction(const WorkerOutcome&, int incarnation)>;
   void on_worker_failure(FailureCallback decide) { on_failure_ = std::move(decide); }
+
+  // Under --fault-tolerance in-process: the step at which training finished, if it
+  // has; a worker stopped for --frozen-timeout after it is killed and counted as done
+  // (Note [A stopped worker after the end] in launcher/in_process.h).
+  void on_training_finished(std::function<std::optional<std::int64_t>()> finished_at) {
+    finished_at_ = std::move(finished_at);
+  }
 
   // Runs until every worker has exited and its output is drained. Success means no
   // signal to the launcher and the last incarnation of every worker exited 0.
@@ -119,6 +127,7 @@ class WorkerGroup {
   Clock::time_point last_frozen_check_ = Clock::now();
   std::function<bool()> tick_;
   FailureCallback on_failure_;
+  std::function<std::optional<std::int64_t>()> finished_at_;
 };
 
 }  // namespace cohort::launcher

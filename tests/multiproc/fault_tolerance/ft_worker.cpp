@@ -11,6 +11,9 @@
 //   --stop R:AT        replica R stops itself (SIGSTOP) in backward at step AT; the
 //                      test resumes it (R may be *: whichever replica this process
 //                      is, for a node whose ranks the rendezvous chooses);
+//   --stop-before-quorum R  replica R's first incarnation stops itself (SIGSTOP) before
+//                      it arrives at its first quorum, printing "replica R: stopping
+//                      before its first quorum pid P";
 //   --degraded-step-ms MS  sleep MS before each step trained with fewer than every
 //                      replica, so that a replacement (process start, LibTorch's load)
 //                      joins before training ends;
@@ -96,6 +99,7 @@ int run(int argc, char** argv) {
   int shards = 1;
   std::vector<Failure> dies;
   Failure stop;
+  int stop_before_quorum = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -108,6 +112,7 @@ int run(int argc, char** argv) {
     else if (a == "--shards-per-replica") shards = std::stoi(next());
     else if (a == "--die") dies.push_back(parse_failure(next()));
     else if (a == "--stop") stop = parse_failure(next());
+    else if (a == "--stop-before-quorum") stop_before_quorum = std::stoi(next());
     else {
       std::cerr << "ft_worker: unknown argument " << a << "\n";
       return 2;
@@ -146,6 +151,11 @@ int run(int argc, char** argv) {
   my_incarnation = replicas.incarnation();
   std::printf("replica %d: incarnation %d pid %d\n", my_id, my_incarnation, static_cast<int>(getpid()));
   std::fflush(stdout);
+  if (my_id == stop_before_quorum && my_incarnation == 0) {
+    std::printf("replica %d: stopping before its first quorum pid %d\n", my_id, static_cast<int>(getpid()));
+    std::fflush(stdout);
+    raise(SIGSTOP);
+  }
   if (zero_stage > 0)
     replicas.on_transfer([&](std::ostream& o) { ft::save_training_state(o, *net, zero); },
                          [&](std::istream& i) { ft::load_training_state(i, *net, zero); });
