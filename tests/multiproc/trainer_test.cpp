@@ -273,23 +273,37 @@ TEST(Trainer, PipelineCheckpointsRefuseAnotherCutAndKeepTheirSteps) {
   EXPECT_NE(again.out.find("resuming from " + ckpt + "/stage-0/step-000000003"), std::string::npos) << again.out;
 }
 
-// bf16 autocast on the CPU trains as well as float32: after 2 epochs of the whole
-// training set at world 2, the test accuracies are within one point.
-TEST(Trainer, Bf16AutocastReachesTheAccuracyOfFloat32) {
-  const std::vector<std::string> args = {"--epochs", "2", "--seed", "4"};
-  auto fp32 = run_trainer(2, args);
+// bf16 autocast on the CPU trains as float32 does: from the same seed, a fraction of
+// an epoch at world 2 (150 steps of 2 x 32 samples, 9 600 of the 60 000) in bf16 ends
+// at a test accuracy far above chance (0.10) and within kBf16AccuracyGap of float32's,
+// and its weights are not float32's (autocast ran). A bf16 path that stopped training
+// (a lost gradient, a NaN, weights kept in bf16) falls to chance or far behind.
+// Note [Tests sized for a slow, busy machine]: this test trained 2 whole epochs twice
+// and ran past CTest's timeout on a VM with a third of the development VM's GEMM rate
+// and a build beside it (issue 46); the claim "2 epochs in bf16 reach float32's
+// accuracy within a point" is now a benchmark (benchmarks/bf16_accuracy.sh,
+// BENCHMARKS.md), and this test only shows that bf16 trains like float32.
+constexpr double kBf16AccuracyGap = 0.03;
+
+TEST(Trainer, Bf16AutocastTrainsLikeFloat32OverAFractionOfAnEpoch) {
+  TempDir dir("cohort-trainer");
+  const auto f32 = dir.path + "/fp32.pt", b16 = dir.path + "/bf16.pt";
+  const std::vector<std::string> args = {"--epochs", "1", "--limit-train-batches", "150", "--seed", "4"};
+  auto fp32 = run_trainer(2, with(args, {"--save-final", f32}));
   ASSERT_EQ(fp32.exit_code, 0) << describe(fp32);
-  auto bf16 = run_trainer(2, with(args, {"--amp", "bf16"}));
+  auto bf16 = run_trainer(2, with(args, {"--amp", "bf16", "--save-final", b16}));
   ASSERT_EQ(bf16.exit_code, 0) << describe(bf16);
   EXPECT_NE(bf16.out.find("\"amp\":\"bf16\""), std::string::npos) << bf16.out;
+  EXPECT_FALSE(bitwise_equal(f32, b16)) << "--amp bf16 changed nothing";
   auto accuracy = [](const std::string& out) {
     const auto at = out.rfind("\"test_accuracy\":");
     return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 16));
   };
   const double a32 = accuracy(fp32.out), a16 = accuracy(bf16.out);
-  std::cout << "test accuracy after 2 epochs: float32 " << a32 << ", bf16 " << a16 << std::endl;
-  EXPECT_GT(a32, 0.85) << fp32.out;
-  EXPECT_LT(std::abs(a16 - a32), 0.01) << "float32 " << a32 << ", bf16 " << a16;
+  std::cout << "test accuracy after 150 steps: float32 " << a32 << ", bf16 " << a16 << std::endl;
+  EXPECT_GT(a32, 0.7) << fp32.out;
+  EXPECT_GT(a16, 0.7) << bf16.out;
+  EXPECT_LT(std::abs(a16 - a32), kBf16AccuracyGap) << "float32 " << a32 << ", bf16 " << a16;
 }
 
 // --activation-checkpointing recomputes the convolution blocks in backward: the same
