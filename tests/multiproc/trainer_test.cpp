@@ -407,13 +407,17 @@ INSTANTIATE_TEST_SUITE_P(Stages, TrainerZero, ::testing::Values(1, 2),
 // and state, as DDP's does, so it resumes at world 1 fully sharded, and under DDP.
 // With --activation-checkpointing the units are gathered again for the recompute;
 // under --amp bf16 it is still bitwise DDP under --amp bf16.
+// Nine runs: each on 512 training and 1 000 test images, since evaluating the whole
+// test set after each was most of this test's time (124 s on a busy 2-core VM; Note
+// [Tests sized for a slow, busy machine]).
 TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
   TempDir dir("cohort-trainer");
   const auto plain = dir.path + "/plain.pt", sharded = dir.path + "/sharded.pt";
-  const auto contiguous = with(kQuick, {"--memory-format", "contiguous", "--batch-size", "16"});
+  const auto quick = with(kQuick, {"--data-dir", cohort::testing::fashion_subset(dir.path, 512, 1000)});
+  const auto contiguous = with(quick, {"--memory-format", "contiguous", "--batch-size", "16"});
   auto a = run_trainer(2, with(contiguous, {"--save-final", plain}));
   ASSERT_EQ(a.exit_code, 0) << describe(a);
-  auto b = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--save-final", sharded}));
+  auto b = run_trainer(2, with(quick, {"--batch-size", "16", "--zero", "3", "--save-final", sharded}));
   ASSERT_EQ(b.exit_code, 0) << describe(b);
   EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
   EXPECT_NE(b.out.find("\"comm_hook\":\"zero3_reduce_scatter\""), std::string::npos) << b.out;
@@ -428,7 +432,7 @@ TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
     EXPECT_LE(shards[0], whole[0] / 2 + 4 * 4 * 2) << name;
   }
   const auto recomputed = dir.path + "/recomputed.pt";
-  auto c = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--activation-checkpointing",
+  auto c = run_trainer(2, with(quick, {"--batch-size", "16", "--zero", "3", "--activation-checkpointing",
                                         "--save-final", recomputed}));
   ASSERT_EQ(c.exit_code, 0) << describe(c);
   EXPECT_TRUE(bitwise_equal(sharded, recomputed)) << "largest difference " << max_difference(sharded, recomputed);
@@ -436,7 +440,7 @@ TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
   const auto ddp_bf16 = dir.path + "/ddp_bf16.pt", zero3_bf16 = dir.path + "/zero3_bf16.pt";
   auto d = run_trainer(2, with(contiguous, {"--amp", "bf16", "--save-final", ddp_bf16}));
   ASSERT_EQ(d.exit_code, 0) << describe(d);
-  auto e = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--amp", "bf16", "--save-final",
+  auto e = run_trainer(2, with(quick, {"--batch-size", "16", "--zero", "3", "--amp", "bf16", "--save-final",
                                         zero3_bf16}));
   ASSERT_EQ(e.exit_code, 0) << describe(e);
   EXPECT_TRUE(bitwise_equal(ddp_bf16, zero3_bf16)) << "largest difference " << max_difference(ddp_bf16, zero3_bf16);
@@ -446,11 +450,11 @@ TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
   // rank under DDP, with twice the batch: both end near the uninterrupted run.
   for (const std::string resume_zero : {"3", "0"}) {
     const auto ckpt = dir.path + "/ckpt" + resume_zero;
-    auto first = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--checkpoint-dir", ckpt,
+    auto first = run_trainer(2, with(quick, {"--batch-size", "16", "--zero", "3", "--checkpoint-dir", ckpt,
                                               "--max-steps", "5"}));
     ASSERT_EQ(first.exit_code, 0) << describe(first);
     const auto resumed = dir.path + "/resumed" + resume_zero + ".pt";
-    auto second = run_trainer(1, with(kQuick, {"--batch-size", "32", "--zero", resume_zero, "--memory-format",
+    auto second = run_trainer(1, with(quick, {"--batch-size", "32", "--zero", resume_zero, "--memory-format",
                                                "contiguous", "--checkpoint-dir", ckpt, "--save-final", resumed}));
     ASSERT_EQ(second.exit_code, 0) << describe(second);
     EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000005"), std::string::npos) << second.out;
@@ -756,9 +760,12 @@ TEST(Trainer, FaultTolerantRunUnderBf16AutocastLosesAReplicaAndEndsNearTheOnePro
 // no live state, loads the newest checkpoint from disk and goes on from its step.
 // `shape.args` go to both jobs (not the one process), which run `shape.ranks` ranks.
 void resume_from_disk(const TempDir& dir, const FaultTolerantJob& shape) {
+  // On the 1 920 images they train and 1 000 test images, so that the evaluation after
+  // each of the three runs is short (Note [Tests sized for a slow, busy machine]).
   const std::vector<std::string> args = {"--fault-tolerance", "--epochs", "1",   "--limit-train-batches", "30",
                                          "--optimizer",       "sgd",      "--lr", "0.02", "--seed", "5", "--schedule", "constant",
-                                         "--memory-format",   "contiguous"};
+                                         "--memory-format",   "contiguous", "--data-dir",
+                                         cohort::testing::fashion_subset(dir.path, 30 * 64, 1000)};
   const auto alone = dir.path + "/alone.pt", resumed = dir.path + "/resumed.pt", ckpt = dir.path + "/ckpt";
   auto one = cohort::testing::run_process(
       with({COHORT_TRAINER_PATH, "--batch-size", "64", "--save-final", alone}, args), 240s, {{"OMP_NUM_THREADS", "1"}});
