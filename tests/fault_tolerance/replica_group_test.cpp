@@ -5,7 +5,10 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <future>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -97,6 +100,32 @@ TEST(ReplicaGroup, CommittedVotesAreForgottenSoTheStoreDoesNotGrowWithTheSteps) 
 // Note [One configuration]: replica 0's configuration is the job's, whichever
 // replica arrives first. Replica 2, started with other settings, is refused naming
 // both, and replicas 0 and 1 form quorums and commit without it.
+// A HashStore that tells when someone waits on a key: "replica 2 is waiting for the
+// job's configuration" is an event a test can wait for (Note [Events, not sleeps]
+// in vote_quorum_test.cpp), where a sleep only made it likely.
+class WatchedStore : public c10d::HashStore {
+ public:
+  using c10d::HashStore::wait;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& key : keys) ++waits_[key];
+    }
+    changed_.notify_all();
+    c10d::HashStore::wait(keys, timeout);
+  }
+  // Whether someone began to wait on `key` within 30 s.
+  bool someone_waits_on(const std::string& key) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, 30s, [&] { return waits_[key] > 0; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, int> waits_;
+};
+
 std::string run_configured(const c10::intrusive_ptr<c10d::Store>& store, int id, const std::string& configuration) {
   auto options = ft::ReplicaGroupOptions().quorum_timeout(5s).start_timeout(3s).configuration(configuration);
   ft::ReplicaGroup replicas(store, store, id, 3, 0, options);
@@ -114,19 +143,20 @@ std::string run_configured(const c10::intrusive_ptr<c10d::Store>& store, int id,
 TEST(ReplicaGroup, ReplicaZerosConfigurationIsTheJobsWhicheverArrivesFirst) {
   for (const bool odd_first : {true, false}) {
     SCOPED_TRACE(odd_first ? "replica 2 first" : "replica 2 last");
-    auto store = c10::make_intrusive<c10d::HashStore>();
+    auto watched = c10::make_intrusive<WatchedStore>();
+    c10::intrusive_ptr<c10d::Store> store = watched;
     auto start = [&](int id, std::string configuration) {
       return std::async(std::launch::async, [store, id, configuration] { return run_configured(store, id, configuration); });
     };
     std::future<std::string> odd;
-    if (odd_first) {
+    if (odd_first) {  // replica 2 is already waiting for the configuration when replica 0 starts
       odd = start(2, "steps 30");
-      std::this_thread::sleep_for(500ms);
+      ASSERT_TRUE(watched->someone_waits_on(ft::keys::configuration())) << "replica 2 never waited for it";
     }
     auto r0 = start(0, "steps 24");
     auto r1 = start(1, "steps 24");
-    if (!odd_first) {
-      std::this_thread::sleep_for(500ms);
+    if (!odd_first) {  // replica 2 starts once replica 0 has published the configuration
+      ASSERT_NO_THROW(store->wait({ft::keys::configuration()}, 30s));
       odd = start(2, "steps 30");
     }
     const auto refused = odd.get();

@@ -20,6 +20,35 @@ namespace {
 
 c10::intrusive_ptr<c10d::Store> store() { return c10::make_intrusive<c10d::HashStore>(); }
 
+// Note [Events, not sleeps]: a test that needs "the other members are already
+// waiting" waits for the store to show it, bounded, rather than sleeping for a time
+// that a busy machine may not honour (issue 46: a 400 ms sleep stood in for three
+// arrivals, and on a loaded 2-core VM the quorum formed without them).
+
+// Returns once `n` members have cast their vote in `vote` (vote() adds to
+// "<vote>/votes" before it waits for the decision); false after 30 s.
+bool votes_cast(c10d::Store& s, const std::string& vote, std::int64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (s.add(vote + "/votes", 0) < n) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);  // the poll interval of a bounded wait
+  }
+  return true;
+}
+
+// Returns once each of `ids` has written its arrival at quorum `target` (the
+// first thing form_quorum does); false after 30 s.
+bool arrivals_written(c10d::Store& s, std::int64_t target, const std::vector<int>& ids) {
+  std::vector<std::string> keys;
+  for (int id : ids) keys.push_back(ft::keys::arrived(target, id));
+  try {
+    s.wait(keys, 30s);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 std::vector<ft::Decision> vote_all(c10d::Store& s, const std::vector<bool>& ok) {
   std::vector<std::future<ft::VoteResult>> votes;
   for (bool each : ok)
@@ -52,7 +81,7 @@ TEST(Vote, AMissingMemberAbortsAfterTheTimeout) {
 TEST(Vote, AnAbortFromOutsideWakesTheWaiters) {
   auto s = store();
   auto waiter = std::async(std::launch::async, [&] { return ft::vote(*s, "v", 3, true, 20s); });
-  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(votes_cast(*s, "v", 1)) << "the waiter never voted";
   EXPECT_EQ(ft::abort_vote(*s, "v"), ft::Decision::kAbort);
   EXPECT_EQ(waiter.wait_for(5s), std::future_status::ready);
   EXPECT_EQ(waiter.get().decision, ft::Decision::kAbort);
@@ -66,13 +95,13 @@ TEST(Vote, OverC10dsTcpStoreTheDecisionWakesTheWaiters) {
   auto client = [&] { return cohort::compat::make_tcp_store("127.0.0.1", server->getPort(), false, 30s); };
   auto a = client(), b = client();
   auto waiter = std::async(std::launch::async, [&] { return ft::vote(*a, "v", 2, true, 20s); });
-  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(votes_cast(*b, "v", 1)) << "the waiter never voted";
   EXPECT_EQ(ft::vote(*b, "v", 2, true, 20s).decision, ft::Decision::kCommit);
   ASSERT_EQ(waiter.wait_for(10s), std::future_status::ready) << "the waiter slept until its own timeout";
   EXPECT_EQ(waiter.get().decision, ft::Decision::kCommit);
   // An abort from outside (the watcher's) likewise.
   auto aborted = std::async(std::launch::async, [&] { return ft::vote(*a, "w", 2, true, 20s); });
-  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(votes_cast(*b, "w", 1)) << "the waiter never voted";
   EXPECT_EQ(ft::abort_vote(*b, "w"), ft::Decision::kAbort);
   ASSERT_EQ(aborted.wait_for(10s), std::future_status::ready) << "the waiter slept until its own timeout";
   EXPECT_EQ(aborted.get().decision, ft::Decision::kAbort);
@@ -100,7 +129,7 @@ TEST(Vote, OverC10dsTcpStoreAVoteThatTimesOutLeavesTheConnectionInStep) {
   }
   // And a second vote over it commits.
   auto waiter = std::async(std::launch::async, [&] { return ft::vote(*a, "w", 2, true, 10s); });
-  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(votes_cast(*b, "w", 1)) << "the waiter never voted";
   EXPECT_EQ(ft::vote(*b, "w", 2, true, 10s).decision, ft::Decision::kCommit);
   ASSERT_EQ(waiter.wait_for(10s), std::future_status::ready);
   EXPECT_EQ(waiter.get().decision, ft::Decision::kCommit);
@@ -235,7 +264,12 @@ TEST(Quorum, WithShardsPerReplicaTheNewestStateIsNeverLeftOut) {
   std::vector<std::future<ft::QuorumRecord>> f;
   for (const auto& m : here)
     f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 10s)); }));
-  std::this_thread::sleep_for(400ms);  // well past the 50 ms deadline for the missing
+  // Note [Events, not sleeps]: the three have arrived; then they wait well past their
+  // 50 ms deadline for the missing (time passing is the scenario here), and none
+  // may decide without rank 2.
+  ASSERT_TRUE(arrivals_written(*s, 2, {0, 1, 3}));
+  std::this_thread::sleep_for(400ms);
+  EXPECT_FALSE(s->check({ft::keys::members(2)})) << "a quorum formed without rank 2";
   auto last = ft::form_quorum(*s, 2, {2, 0, 5}, sharded_rules(50ms, 10s));
   EXPECT_EQ(last.members.size(), 4u) << last.describe();
   EXPECT_EQ(last.max_step(), 5);
@@ -271,7 +305,12 @@ TEST(Quorum, WithShardsPerReplicaEveryShardOfTheNewestStepHasASource) {
   std::vector<std::future<ft::QuorumRecord>> f;
   for (const auto& m : here)
     f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 10s)); }));
+  // Note [Events, not sleeps]: the three have arrived (a 400 ms sleep stood in for
+  // this, and on a busy machine rank 2 had not: ranks 0 and 1 formed a quorum of 2);
+  // then they wait past their 50 ms deadline, and none may decide without rank 0.
+  ASSERT_TRUE(arrivals_written(*s, 2, {1, 2, 3}));
   std::this_thread::sleep_for(400ms);
+  EXPECT_FALSE(s->check({ft::keys::members(2)})) << "a quorum formed without rank 0";
   auto last = ft::form_quorum(*s, 2, {0, 0, 4}, sharded_rules(50ms, 10s));
   EXPECT_EQ(last.members.size(), 4u) << last.describe();
   EXPECT_EQ(last.shard_without_source(2), -1);
@@ -312,7 +351,10 @@ TEST(Quorum, WithShardsPerReplicaAHolderInAReplicaNotYetWholeIsWaitedFor) {
   std::vector<std::future<ft::QuorumRecord>> f;
   for (const ft::Member& m : {ft::Member{1, 0, 4}, ft::Member{2, 0, 4}, ft::Member{3, 1, -1}})
     f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 10s)); }));
-  std::this_thread::sleep_for(400ms);  // well past the 50 ms deadline
+  // Note [Events, not sleeps]: the three have arrived, then wait past their deadline.
+  ASSERT_TRUE(arrivals_written(*s, 2, {1, 2, 3}));
+  std::this_thread::sleep_for(400ms);
+  EXPECT_FALSE(s->check({ft::keys::members(2)})) << "a quorum formed without rank 0's replacement";
   auto last = ft::form_quorum(*s, 2, {0, 1, -1}, sharded_rules(50ms, 10s));
   EXPECT_EQ(last.members.size(), 4u) << last.describe();
   EXPECT_EQ(last.shard_without_source(2), -1);

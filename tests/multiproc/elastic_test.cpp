@@ -108,6 +108,12 @@ std::string env_of(pid_t pid, const std::string& name) {
   return "";
 }
 
+// A worker that waits (at most 60 s) for `go` to exist, then runs `then`: the test
+// decides when (Note [Events, not sleeps] in tests/fault_tolerance/vote_quorum_test.cpp).
+std::string when_file_exists(const std::string& go, const std::string& then) {
+  return "for i in $(seq 1200); do [ -e '" + go + "' ] && break; sleep 0.05; done; " + then;
+}
+
 // Pumps the agents' output while waiting for `ready`; false at the deadline.
 bool wait_until(std::vector<Subprocess*> agents, const std::function<bool()>& ready, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -513,10 +519,13 @@ TEST(ElasticLauncher, WithTheSitesCertificatesTheStoreIsMutualTls) {
 // connections to the store's port (more than the server keeps pending from one
 // address), opening a new one as soon as the server drops one, the agent and its
 // workers, holding the token, still join and the job completes. The workers start
-// 2 s late, so that they connect into a table the flood has filled. The refusals the
+// once the flood holds its 150 (a file says so), so that they connect into a table
+// the flood has filled; a 2 s sleep stood in for that. The refusals the
 // flood causes are named for the first few and then summarised (Note [Refusals in
 // summary]).
 TEST(ElasticLauncher, AFloodOfSilentConnectionsDoesNotKeepTheJobOut) {
+  TempDir dir("cohort-elastic");
+  const std::string full = dir.path + "/flood-full";
   Job job;
   std::atomic<bool> stop{false};
   std::atomic<long> opened{0};
@@ -553,11 +562,12 @@ TEST(ElasticLauncher, AFloodOfSilentConnectionsDoesNotKeepTheJobOut) {
         ++opened;
       }
       most_held = std::max(most_held.load(), held.size());
-      std::this_thread::sleep_for(2ms);
+      if (held.size() == 150 && !fs::exists(full)) std::ofstream(full) << "full\n";
+      std::this_thread::sleep_for(2ms);  // the flood's own pace
     }
     for (int fd : held) ::close(fd);
   });
-  const std::string late_worker = std::string("sleep 2; exec ") + COHORT_TEST_WORKER_PATH + " collectives";
+  const std::string late_worker = when_file_exists(full, std::string("exec ") + COHORT_TEST_WORKER_PATH + " collectives");
   auto r = cohort::testing::run_process(agent(job, "1", 2, {}, {"-c", late_worker}, "/bin/sh"), 120s, kEnv);
   stop = true;
   flooder.join();
@@ -600,11 +610,20 @@ TEST(ElasticLauncher, NodesThatFinishAtDifferentTimesAllSucceedWithoutARestart) 
 // Note [Failures after a node finished]: a node failing once another has finished
 // closes the job with its root cause on every node, the finished one included; no
 // restart, though restarts are left.
+// Rank 1 fails once rank 0's agent says its workers finished (Note [Events, not
+// sleeps]; a 2 s sleep stood in for that).
 TEST(ElasticLauncher, AFailureAfterANodeFinishedEndsTheJobWithItsRootCauseEverywhere) {
+  TempDir dir("cohort-elastic");
+  const std::string go = dir.path + "/go";
   Job job;
-  const std::string script = "if [ \"$RANK\" = 0 ]; then exit 0; fi; sleep 2; exit 3";
+  const std::string script = "if [ \"$RANK\" = 0 ]; then exit 0; fi; " + when_file_exists(go, "exit 3");
   Subprocess first(agent(job, "2", 1, {"--max-restarts", "3"}, {"-c", script}, "/bin/sh"), kEnv);
   Subprocess second(agent(job, "2", 1, {"--max-restarts", "3"}, {"-c", script}, "/bin/sh"), kEnv);
+  const std::string finished = "this node's workers finished; it waits for";
+  ASSERT_TRUE(wait_until({&first, &second},
+                         [&] { return contains(first.err(), finished) || contains(second.err(), finished); }, 60s))
+      << first.err() << second.err();
+  std::ofstream(go) << "go\n";
   auto a = first.finish(60s);
   auto b = second.finish(60s);
   for (const auto* r : {&a, &b}) {
@@ -622,8 +641,12 @@ TEST(ElasticLauncher, AFailureAfterANodeFinishedEndsTheJobWithItsRootCauseEveryw
 // Workers see the job's limit as TORCHELASTIC_MAX_RESTARTS, not their agent's flag.
 TEST(ElasticLauncher, ALaterAgentCannotRaiseTheJobsRestartLimit) {
   Job job;
-  const std::string script =
-      "echo max_restarts=$TORCHELASTIC_MAX_RESTARTS; if [ \"$RANK\" = 1 ]; then sleep 1; exit 4; fi; sleep 30";
+  // Rank 1 fails once rank 0 has printed its line (a file says so; Note [Events, not
+  // sleeps]: a 1 s sleep stood in for that).
+  TempDir dir("cohort-elastic");
+  const std::string printed = dir.path + "/printed";
+  const std::string script = "echo max_restarts=$TORCHELASTIC_MAX_RESTARTS; if [ \"$RANK\" = 1 ]; then " +
+                             when_file_exists(printed, "exit 4") + "; fi; touch '" + printed + "'; sleep 30";
   Subprocess first(agent(job, "2", 1, {"--max-restarts", "0"}, {"-c", script}, "/bin/sh"), kEnv);
   ASSERT_TRUE(wait_until({&first}, [&] { return contains(first.err(), "hosts the rendezvous store"); }, 30s))
       << first.err();
@@ -695,16 +718,6 @@ TEST(PacedRestarts, ASignalDuringThePauseEndsTheLauncherAtOnce) {
     EXPECT_FALSE(contains(done.err, "restart 5 of 10")) << done.err;
   }
 }
-
-namespace {
-
-// A worker that waits (at most 60 s) for `go` to exist, then runs `then`: the test
-// decides when.
-std::string when_file_exists(const std::string& go, const std::string& then) {
-  return "for i in $(seq 1200); do [ -e '" + go + "' ] && break; sleep 0.05; done; " + then;
-}
-
-}  // namespace
 
 // Note [Rendezvous rounds]: an agent started with another --nnodes than the job's is
 // refused (exit 2, naming both), and the running job is unaffected.

@@ -220,7 +220,10 @@ TEST_F(FaultTolerance, AReplicaStartedWithOtherSettingsIsRefusedAndTheOthersTrai
   cohort::testing::TempDir dir("cohort-ft");
   const auto port = std::to_string(cohort::testing::free_port());
   // Node 1 starts first, so that its replica is often the first to reach the store:
-  // replica 0's settings are the job's whatever the order.
+  // replica 0's settings are the job's whatever the order. The test holds in either
+  // order, so the sleep only varies it (a busy machine may well reverse it); both
+  // orders are pinned by their events in ReplicaGroup.ReplicaZerosConfiguration...
+  // (tests/fault_tolerance/replica_group_test.cpp).
   auto node1_argv = without_hold(launch_node(1, port, dir.path, {}));
   *std::next(std::find(node1_argv.begin(), node1_argv.end(), "--steps")) = "30";
   cohort::testing::Subprocess node1(node1_argv, ft_env());
@@ -333,6 +336,15 @@ std::map<std::string, std::string> elastic_env() {
   return env;
 }
 
+// Note [Events, not sleeps] (tests/fault_tolerance/vote_quorum_test.cpp): the first
+// agent hosts the store once it says so; a 300 ms sleep stood in for that, and on a
+// busy machine the second agent could come first and host it instead.
+bool hosts_the_store(cohort::testing::Subprocess& agent) {
+  return agent.read_until(
+      [&](const std::string&) { return agent.err().find("this agent hosts the rendezvous store") != std::string::npos; },
+      60s);
+}
+
 // The first rank of the node whose agent wrote `err`, or -1 before its round line.
 int first_rank_of(const std::string& err) {
   std::smatch m;
@@ -346,7 +358,7 @@ TEST_F(FaultTolerance, AWorkerOfAnElasticNodeIsReplacedAloneAndNoNodeRestarts) {
   cohort::testing::TempDir dir("cohort-ft");
   const auto port = std::to_string(cohort::testing::free_port());
   cohort::testing::Subprocess host(launch_elastic(port, dir.path, 2, {"--die", "1:backward:5"}), elastic_env());
-  std::this_thread::sleep_for(300ms);  // so that it hosts the store
+  ASSERT_TRUE(hosts_the_store(host)) << host.err();
   cohort::testing::Subprocess other(launch_elastic(port, dir.path, 1, {"--die", "1:backward:5"}), elastic_env());
   auto r1 = other.finish(180s);
   auto r0 = host.finish(180s);
@@ -373,7 +385,7 @@ TEST_F(FaultTolerance, AnElasticNodeThatVanishesLeavesItsSlotToTheNextAgent) {
   cohort::testing::TempDir dir("cohort-ft");
   const auto port = std::to_string(cohort::testing::free_port());
   cohort::testing::Subprocess host(launch_elastic(port, dir.path, 2, {}), elastic_env());
-  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(hosts_the_store(host)) << host.err();
   cohort::testing::Subprocess first(launch_elastic(port, dir.path, 1, {"--stop", "*:4"}), elastic_env());
   std::smatch m;
   const std::regex stopping("replica (\\d): stopping at step 4 pid (\\d+)");
@@ -421,7 +433,7 @@ TEST_F(FaultTolerance, AnElasticNodeLostBeforeTheFirstQuorumIsNotWaitedFor) {
   cohort::testing::TempDir dir("cohort-ft");
   const auto port = std::to_string(cohort::testing::free_port());
   cohort::testing::Subprocess host(without_hold(launch_elastic(port, dir.path, 2, {})), elastic_env());
-  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(hosts_the_store(host)) << host.err();
   cohort::testing::Subprocess lost(without_hold(launch_elastic(port, dir.path, 1, {})), elastic_env());
   ASSERT_TRUE(lost.read_until([&](const std::string&) { return first_rank_of(lost.err()) >= 0; }, 60s))
       << lost.out() << lost.err();

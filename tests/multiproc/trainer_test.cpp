@@ -273,23 +273,37 @@ TEST(Trainer, PipelineCheckpointsRefuseAnotherCutAndKeepTheirSteps) {
   EXPECT_NE(again.out.find("resuming from " + ckpt + "/stage-0/step-000000003"), std::string::npos) << again.out;
 }
 
-// bf16 autocast on the CPU trains as well as float32: after 2 epochs of the whole
-// training set at world 2, the test accuracies are within one point.
-TEST(Trainer, Bf16AutocastReachesTheAccuracyOfFloat32) {
-  const std::vector<std::string> args = {"--epochs", "2", "--seed", "4"};
-  auto fp32 = run_trainer(2, args);
+// bf16 autocast on the CPU trains as float32 does: from the same seed, a fraction of
+// an epoch at world 2 (150 steps of 2 x 32 samples, 9 600 of the 60 000) in bf16 ends
+// at a test accuracy far above chance (0.10) and within kBf16AccuracyGap of float32's,
+// and its weights are not float32's (autocast ran). A bf16 path that stopped training
+// (a lost gradient, a NaN, weights kept in bf16) falls to chance or far behind.
+// Note [Tests sized for a slow, busy machine]: this test trained 2 whole epochs twice
+// and ran past CTest's timeout on a VM with a third of the development VM's GEMM rate
+// and a build beside it (issue 46); the claim "2 epochs in bf16 reach float32's
+// accuracy within a point" is now a benchmark (benchmarks/bf16_accuracy.sh,
+// BENCHMARKS.md), and this test only shows that bf16 trains like float32.
+constexpr double kBf16AccuracyGap = 0.03;
+
+TEST(Trainer, Bf16AutocastTrainsLikeFloat32OverAFractionOfAnEpoch) {
+  TempDir dir("cohort-trainer");
+  const auto f32 = dir.path + "/fp32.pt", b16 = dir.path + "/bf16.pt";
+  const std::vector<std::string> args = {"--epochs", "1", "--limit-train-batches", "150", "--seed", "4"};
+  auto fp32 = run_trainer(2, with(args, {"--save-final", f32}));
   ASSERT_EQ(fp32.exit_code, 0) << describe(fp32);
-  auto bf16 = run_trainer(2, with(args, {"--amp", "bf16"}));
+  auto bf16 = run_trainer(2, with(args, {"--amp", "bf16", "--save-final", b16}));
   ASSERT_EQ(bf16.exit_code, 0) << describe(bf16);
   EXPECT_NE(bf16.out.find("\"amp\":\"bf16\""), std::string::npos) << bf16.out;
+  EXPECT_FALSE(bitwise_equal(f32, b16)) << "--amp bf16 changed nothing";
   auto accuracy = [](const std::string& out) {
     const auto at = out.rfind("\"test_accuracy\":");
     return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 16));
   };
   const double a32 = accuracy(fp32.out), a16 = accuracy(bf16.out);
-  std::cout << "test accuracy after 2 epochs: float32 " << a32 << ", bf16 " << a16 << std::endl;
-  EXPECT_GT(a32, 0.85) << fp32.out;
-  EXPECT_LT(std::abs(a16 - a32), 0.01) << "float32 " << a32 << ", bf16 " << a16;
+  std::cout << "test accuracy after 150 steps: float32 " << a32 << ", bf16 " << a16 << std::endl;
+  EXPECT_GT(a32, 0.7) << fp32.out;
+  EXPECT_GT(a16, 0.7) << bf16.out;
+  EXPECT_LT(std::abs(a16 - a32), kBf16AccuracyGap) << "float32 " << a32 << ", bf16 " << a16;
 }
 
 // --activation-checkpointing recomputes the convolution blocks in backward: the same
@@ -393,13 +407,17 @@ INSTANTIATE_TEST_SUITE_P(Stages, TrainerZero, ::testing::Values(1, 2),
 // and state, as DDP's does, so it resumes at world 1 fully sharded, and under DDP.
 // With --activation-checkpointing the units are gathered again for the recompute;
 // under --amp bf16 it is still bitwise DDP under --amp bf16.
+// Nine runs: each on 512 training and 1 000 test images, since evaluating the whole
+// test set after each was most of this test's time (124 s on a busy 2-core VM; Note
+// [Tests sized for a slow, busy machine]).
 TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
   TempDir dir("cohort-trainer");
   const auto plain = dir.path + "/plain.pt", sharded = dir.path + "/sharded.pt";
-  const auto contiguous = with(kQuick, {"--memory-format", "contiguous", "--batch-size", "16"});
+  const auto quick = with(kQuick, {"--data-dir", cohort::testing::fashion_subset(dir.path, 512, 1000)});
+  const auto contiguous = with(quick, {"--memory-format", "contiguous", "--batch-size", "16"});
   auto a = run_trainer(2, with(contiguous, {"--save-final", plain}));
   ASSERT_EQ(a.exit_code, 0) << describe(a);
-  auto b = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--save-final", sharded}));
+  auto b = run_trainer(2, with(quick, {"--batch-size", "16", "--zero", "3", "--save-final", sharded}));
   ASSERT_EQ(b.exit_code, 0) << describe(b);
   EXPECT_TRUE(bitwise_equal(plain, sharded)) << "largest difference " << max_difference(plain, sharded);
   EXPECT_NE(b.out.find("\"comm_hook\":\"zero3_reduce_scatter\""), std::string::npos) << b.out;
@@ -414,7 +432,7 @@ TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
     EXPECT_LE(shards[0], whole[0] / 2 + 4 * 4 * 2) << name;
   }
   const auto recomputed = dir.path + "/recomputed.pt";
-  auto c = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--activation-checkpointing",
+  auto c = run_trainer(2, with(quick, {"--batch-size", "16", "--zero", "3", "--activation-checkpointing",
                                         "--save-final", recomputed}));
   ASSERT_EQ(c.exit_code, 0) << describe(c);
   EXPECT_TRUE(bitwise_equal(sharded, recomputed)) << "largest difference " << max_difference(sharded, recomputed);
@@ -422,7 +440,7 @@ TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
   const auto ddp_bf16 = dir.path + "/ddp_bf16.pt", zero3_bf16 = dir.path + "/zero3_bf16.pt";
   auto d = run_trainer(2, with(contiguous, {"--amp", "bf16", "--save-final", ddp_bf16}));
   ASSERT_EQ(d.exit_code, 0) << describe(d);
-  auto e = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--amp", "bf16", "--save-final",
+  auto e = run_trainer(2, with(quick, {"--batch-size", "16", "--zero", "3", "--amp", "bf16", "--save-final",
                                         zero3_bf16}));
   ASSERT_EQ(e.exit_code, 0) << describe(e);
   EXPECT_TRUE(bitwise_equal(ddp_bf16, zero3_bf16)) << "largest difference " << max_difference(ddp_bf16, zero3_bf16);
@@ -432,11 +450,11 @@ TEST(Trainer, ZeroThreeIsBitwiseDdpShardsTheParametersAndResumes) {
   // rank under DDP, with twice the batch: both end near the uninterrupted run.
   for (const std::string resume_zero : {"3", "0"}) {
     const auto ckpt = dir.path + "/ckpt" + resume_zero;
-    auto first = run_trainer(2, with(kQuick, {"--batch-size", "16", "--zero", "3", "--checkpoint-dir", ckpt,
+    auto first = run_trainer(2, with(quick, {"--batch-size", "16", "--zero", "3", "--checkpoint-dir", ckpt,
                                               "--max-steps", "5"}));
     ASSERT_EQ(first.exit_code, 0) << describe(first);
     const auto resumed = dir.path + "/resumed" + resume_zero + ".pt";
-    auto second = run_trainer(1, with(kQuick, {"--batch-size", "32", "--zero", resume_zero, "--memory-format",
+    auto second = run_trainer(1, with(quick, {"--batch-size", "32", "--zero", resume_zero, "--memory-format",
                                                "contiguous", "--checkpoint-dir", ckpt, "--save-final", resumed}));
     ASSERT_EQ(second.exit_code, 0) << describe(second);
     EXPECT_NE(second.out.find("resuming from " + ckpt + "/step-000000005"), std::string::npos) << second.out;
@@ -776,9 +794,12 @@ TEST(Trainer, FaultTolerantRunWritesTheFinalWeightsWhenRankZeroDiesAfterTheLastS
 // no live state, loads the newest checkpoint from disk and goes on from its step.
 // `shape.args` go to both jobs (not the one process), which run `shape.ranks` ranks.
 void resume_from_disk(const TempDir& dir, const FaultTolerantJob& shape) {
+  // On the 1 920 images they train and 1 000 test images, so that the evaluation after
+  // each of the three runs is short (Note [Tests sized for a slow, busy machine]).
   const std::vector<std::string> args = {"--fault-tolerance", "--epochs", "1",   "--limit-train-batches", "30",
                                          "--optimizer",       "sgd",      "--lr", "0.02", "--seed", "5", "--schedule", "constant",
-                                         "--memory-format",   "contiguous"};
+                                         "--memory-format",   "contiguous", "--data-dir",
+                                         cohort::testing::fashion_subset(dir.path, 30 * 64, 1000)};
   const auto alone = dir.path + "/alone.pt", resumed = dir.path + "/resumed.pt", ckpt = dir.path + "/ckpt";
   auto one = cohort::testing::run_process(
       with({COHORT_TRAINER_PATH, "--batch-size", "64", "--save-final", alone}, args), 240s, {{"OMP_NUM_THREADS", "1"}});

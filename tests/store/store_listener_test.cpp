@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -145,7 +147,17 @@ TEST(StoreListener, OutOfDescriptorsIsReportedOnceAndServingGoesOn) {
   const int hog_errno = errno;
   auto address = cohort::testing::ipv4("127.0.0.1", server.port());
   EXPECT_EQ(::connect(waiting, reinterpret_cast<sockaddr*>(&address), sizeof address), 0) << std::strerror(errno);
-  // Several accept() retries (every kAcceptBackoff) fail meanwhile.
+  // Note [Events, not sleeps] (vote_quorum_test.cpp): the server has met the failure
+  // once it has reported it. Its report is the only thing written to the captured
+  // stderr (a file on fd 2, which fstat reads without a descriptor of its own), so
+  // wait, bounded, for that file to grow: a sleep alone let a busy machine close the
+  // hogs before the server's loop had run at all.
+  const auto reported = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  struct stat captured {};
+  while (::fstat(STDERR_FILENO, &captured) == 0 && captured.st_size == 0 && std::chrono::steady_clock::now() < reported)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the poll interval of a bounded wait
+  // Then several accept() retries (every kAcceptBackoff) fail meanwhile: time passing
+  // is the scenario here, to show the report is made once, not once per retry.
   std::this_thread::sleep_for(4 * cohort::store::kAcceptBackoff);
   for (int fd : hogs) ::close(fd);
   ::setrlimit(RLIMIT_NOFILE, &saved);

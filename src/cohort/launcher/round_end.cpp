@@ -99,6 +99,9 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
     s.done.insert(rdzv.node());
     return true;
   });
+  // Said once the record holds it, so that a user (and a test) sees why this node
+  // stays up, and that the others now know it finished.
+  fmt::print(stderr, "cohort run: this node's workers finished; it waits for the round's other nodes to finish\n");
   std::optional<Clock::time_point> lost_since;
   while (true) {
     const auto s = rdzv.read();
