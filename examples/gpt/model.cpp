@@ -1,8 +1,10 @@
 #include "model.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -27,9 +29,35 @@ GptImpl::GptImpl(cohort::comm::Group tp_group, GptOptions options_) : options(st
   // Note [Whole, then sliced]: every table is drawn whole on every rank, so any TP
   // size starts from the one-process weights. GPT-2's N(0, 0.02) for both embeddings
   // (the default N(0, 1) would make the tied logits huge).
-  embed = register_module("embed", tp::VocabParallelEmbedding(tp_, tp::VocabParallelEmbeddingOptions(options.vocab_size(), h)
-                                                                        .sequence_parallel(sp)));
-  embed->load_whole(torch::nn::Embedding::from_pretrained(torch::randn({options.vocab_size(), h}) * 0.02));
+  // Note [The padding draws nothing]
+  // The trainer pads the vocabulary to a multiple of the TP size, so an odd one is
+  // 257 rows at TP 1 and 258 at TP 2. Were the padded table drawn, the draws of every
+  // later parameter (and dropout's) would shift with the TP size. So the generator
+  // advances as for the unpadded table: the embedding's own draw of the whole table
+  // (overwritten below) is undone and redone at the real size, the real rows are
+  // drawn, and the padding's rows are zeros. Unpadded, this draws what it always did.
+  const auto v = options.vocab_size(), real = options.unpadded_vocab_size() > 0 ? options.unpadded_vocab_size() : v;
+  if (real > v)
+    throw cohort::ConfigError(fmt::format("gpt: the unpadded vocabulary ({}) is larger than the padded one ({})", real,
+                                          v));
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    at::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      state = generator.get_state();
+    }
+    embed = register_module("embed", tp::VocabParallelEmbedding(tp_, tp::VocabParallelEmbeddingOptions(v, h)
+                                                                          .sequence_parallel(sp)));
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
+    torch::nn::Embedding unpadded(real, h);  // the draw of the embedding's construction, at the real size
+  }
+  auto table = torch::zeros({v, h});
+  table.slice(0, 0, real).copy_(torch::randn({real, h}) * 0.02);
+  embed->load_whole(torch::nn::Embedding::from_pretrained(table));
   position = register_module("position", torch::nn::Embedding(options.context(), h));
   {
     torch::NoGradGuard no_grad;

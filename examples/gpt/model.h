@@ -34,6 +34,9 @@ namespace gpt {
 struct GptOptions {
   explicit GptOptions(std::int64_t vocab_size) : vocab_size_(vocab_size) {}
   TORCH_ARG(std::int64_t, vocab_size);  // divisible by the TP size
+  // The real vocabulary when vocab_size is padded for TP (0: vocab_size): only its
+  // rows are drawn, the padding's start at zero (Note [The padding draws nothing]).
+  TORCH_ARG(std::int64_t, unpadded_vocab_size) = 0;
   TORCH_ARG(std::int64_t, context) = 64;
   TORCH_ARG(std::int64_t, embed_dim) = 128;
   TORCH_ARG(std::int64_t, num_heads) = 4;  // divisible by the TP size

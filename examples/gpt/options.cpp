@@ -107,11 +107,15 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   if (o.sequence_parallel && o.context % o.tp != 0)
     refuse("--sequence-parallel shards the --context of " + n(o.context) + " tokens over --tp " + n(o.tp) +
            " ranks; make --context a multiple of --tp");
-  if (o.sequence_parallel && o.zero >= 2)
-    refuse("--sequence-parallel with --zero " + n(o.zero) + ": ZeRO-" + n(o.zero) +
-           " keeps the gradients in shards over the data-parallel ranks, and summing the replicated "
-           "parameters' gradients over the TP group (which sequence parallelism needs) is not wired for shards; "
-           "use --zero 0 or 1 with --sequence-parallel");
+  // ZeRO-2 reduces each gradient to its owner during backward, into the parameter's
+  // own .grad, where sum_replicated_gradients then sums it over the TP group
+  // (docs/tensor_parallel.md; gpt_parity_worker's dp2_tp2_zero2). ZeRO-3's gradients
+  // are in fully_shard's flat shards instead (Note [Sequence-parallel gradients under
+  // ZeRO-3] in src/cohort/tensor_parallel/composition.cpp).
+  if (o.sequence_parallel && o.zero == 3)
+    refuse("--sequence-parallel with --zero 3: ZeRO-3 keeps the gradients in fully_shard's flat shards over the "
+           "data-parallel ranks, where the replicated parameters' gradients cannot be summed over the TP group "
+           "(which sequence parallelism needs); use --zero 0, 1 or 2 with --sequence-parallel");
   if (o.dp > 0 && o.batch_size % o.dp != 0)
     refuse("--batch-size " + n(o.batch_size) + " cannot be split evenly over --dp " + n(o.dp) +
            " replicas; make it a multiple of --dp");

@@ -61,7 +61,16 @@ GptStageImpl::GptStageImpl(const Gpt& model, int stage, int stages)
   }
 }
 
+// Note [The stage's mode is the model's]
+// The first stage runs the model's embed_tokens(), whose dropout follows the Gpt's
+// own training flag; but the Gpt is not a child of the stage (its parameters are all
+// stages'), so the stage's train() and eval() never reach it, and evaluation and
+// sampling ran with the embedding's dropout on, drawing from the generator and so
+// changing every later step. The stage hands its own mode to the Gpt before each
+// use; train() on the Gpt reaches only modules that the stage's own train() has
+// already set (or that no stage of this rank runs).
 at::Tensor GptStageImpl::forward(const at::Tensor& input) {
+  if (first && model_->is_training() != is_training()) model_->train(is_training());
   auto x = first ? model_->embed_tokens(input) : input;
   for (const auto& block : *blocks) x = block->as<tp::ParallelTransformerBlock>()->forward(x);
   if (!last) return x;

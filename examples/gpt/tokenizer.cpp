@@ -167,18 +167,44 @@ TokenStreams load_token_streams(const Corpus& corpus, const TokenCacheOptions& o
     }
   }
   TokenStreams out;
-  const auto meta =
-      nlohmann::json::parse(cohort::checkpoint::read_whole_file((fs::path(entry) / "meta.json").string()));
-  out.vocab_size = meta.at("vocab_size").get<int>();
-  out.eos_id = meta.at("eos_id").get<int>();
+  out.folder = entry;
+  const auto damaged = [&](const std::string& what) {
+    return cohort::DataError(fmt::format("gpt: the tokenizer cache {} is damaged: {}; delete that folder and run "
+                                         "again (the trainer builds it anew)",
+                                         entry, what));
+  };
+  const auto meta_path = (fs::path(entry) / "meta.json").string();
+  std::size_t train_tokens = 0, validation_tokens = 0;
+  try {
+    const auto meta = nlohmann::json::parse(cohort::checkpoint::read_whole_file(meta_path));
+    out.vocab_size = meta.at("vocab_size").get<int>();
+    out.eos_id = meta.at("eos_id").get<int>();
+    train_tokens = meta.at("train_tokens").get<std::size_t>();
+    validation_tokens = meta.at("validation_tokens").get<std::size_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw damaged(fmt::format("{} is not valid metadata ({})", meta_path, one_line(e.what())));
+  }
+  // The pieces that sampling decodes with: missing, they would be found only after
+  // training.
+  const Tokenizer pieces(entry);
+  if (pieces.size() != out.vocab_size)
+    throw damaged(fmt::format("tokenizer.vocab holds {} pieces and meta.json says {}", pieces.size(), out.vocab_size));
   out.train = read_tokens((fs::path(entry) / "train.bin").string());
   out.validation = read_tokens((fs::path(entry) / "val.bin").string());
-  out.folder = entry;
-  if (out.train.size() != meta.at("train_tokens").get<std::size_t>() ||
-      out.validation.size() != meta.at("validation_tokens").get<std::size_t>())
-    throw cohort::DataError(fmt::format("gpt: the tokenizer cache {} is damaged (its token counts do not match "
-                                        "meta.json); delete that folder and run again",
-                                        entry));
+  if (out.train.size() != train_tokens || out.validation.size() != validation_tokens)
+    throw damaged("its token counts do not match meta.json");
+  // Note [Ids outside the vocabulary] (src/cohort/tensor_parallel/vocab_range.h):
+  // checked here once, so that the steps need no check that waits for the device.
+  for (const auto* stream : {&out.train, &out.validation}) {
+    const auto bad = std::find_if(stream->begin(), stream->end(), [&](std::int32_t id) {
+      return id < 0 || id >= out.vocab_size;
+    });
+    if (bad != stream->end())
+      throw damaged(fmt::format("{} holds token id {} (at position {}), outside its vocabulary [0, {}); a cache made "
+                                "with another tokenizer or vocabulary size, or a corrupt file, gives such ids",
+                                stream == &out.train ? "train.bin" : "val.bin", *bad, bad - stream->begin(),
+                                out.vocab_size));
+  }
   return out;
 }
 

@@ -144,6 +144,7 @@ int train(const GptTrainerOptions& o) {
   // (Note [Whole, then sliced]); the generators stay in step, which TP's dropout needs.
   torch::manual_seed(o.seed);
   Gpt model(tp, GptOptions(padded_vocab)
+                    .unpadded_vocab_size(tokens.vocab_size)  // Note [The padding draws nothing]
                     .context(o.context)
                     .embed_dim(o.embed_dim)
                     .num_heads(o.heads)

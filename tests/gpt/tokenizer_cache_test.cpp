@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "cohort/checkpoint/atomic_file.h"
 #include "cohort/errors.h"
 #include "corpus.h"
 #include "support/temp_dir.h"
@@ -95,6 +96,54 @@ TEST(GptTokenizerCache, MissingToolSaysHowToBuildIt) {
   } catch (const cohort::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--target gpt_tokenize"), std::string::npos) << e.what();
   }
+}
+
+// A damaged cache entry is refused when it is loaded, naming the entry and the fix:
+// before, a cut meta.json gave nlohmann's bare parse error, a missing tokenizer.vocab
+// was found only when sampling after training, and ids outside the vocabulary
+// trained on (Note [Ids outside the vocabulary] in tensor_parallel/vocab_range.h).
+TEST(GptTokenizerCache, DamagedEntriesAreRefusedOnLoadNamingTheFix) {
+  cohort::testing::TempDir dir("cohort-gpt-cache");
+  const auto corpus = small_corpus();
+  const auto good = gpt::load_token_streams(corpus, options(dir.path));
+  const fs::path entry = good.folder;
+  const auto refusal = [&]() -> std::string {
+    try {
+      gpt::load_token_streams(corpus, options(dir.path));
+    } catch (const cohort::DataError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const auto expect_names_fix = [&](const std::string& what, const std::string& detail) {
+    EXPECT_NE(what.find("gpt: the tokenizer cache " + entry.string() + " is damaged"), std::string::npos) << what;
+    EXPECT_NE(what.find("delete that folder and run again"), std::string::npos) << what;
+    EXPECT_NE(what.find(detail), std::string::npos) << what;
+  };
+
+  // Out-of-range ids: 100000 in val.bin (a stream of the same length).
+  auto val = good.validation;
+  val.at(5) = 100000;
+  gpt::write_tokens((entry / "val.bin").string(), val);
+  expect_names_fix(refusal(), "val.bin holds token id 100000 (at position 5), outside its vocabulary [0, 150)");
+  val.at(5) = -3;
+  gpt::write_tokens((entry / "val.bin").string(), val);
+  expect_names_fix(refusal(), "val.bin holds token id -3 (at position 5)");
+  gpt::write_tokens((entry / "val.bin").string(), good.validation);
+
+  // meta.json cut to 20 bytes.
+  const auto meta = cohort::checkpoint::read_whole_file((entry / "meta.json").string());
+  cohort::checkpoint::write_file_atomically((entry / "meta.json").string(), meta.substr(0, 20));
+  expect_names_fix(refusal(), (entry / "meta.json").string() + " is not valid metadata (");
+  cohort::checkpoint::write_file_atomically((entry / "meta.json").string(), meta);
+
+  // tokenizer.vocab gone: found before training, not when sampling after it.
+  fs::rename(entry / "tokenizer.vocab", entry / "vocab.away");
+  const auto missing = refusal();
+  EXPECT_NE(missing.find("cannot read " + (entry / "tokenizer.vocab").string()), std::string::npos) << missing;
+  fs::rename(entry / "vocab.away", entry / "tokenizer.vocab");
+
+  EXPECT_EQ(gpt::load_token_streams(corpus, options(dir.path)).validation, good.validation);
 }
 
 }  // namespace

@@ -147,6 +147,41 @@ TEST(GptTrainer, ResumesAtAnotherTensorParallelSize) {
   EXPECT_EQ(b.at("dp").get<int>(), 2);
 }
 
+// Note [The stage's mode is the model's] (examples/gpt/pipeline.cpp): under --pp the
+// first stage's embedding dropout is the Gpt's, which the stage's eval() did not
+// reach. Evaluation then ran with dropout on (a step-0 validation loss unlike one
+// process's) and drew from the generator, so every later training step differed
+// from a run that did not evaluate.
+TEST(GptTrainer, PipelineEvaluatesWithDropoutOffAndChangesNoStep) {
+  cohort::testing::TempDir cache("cohort-gpt-test");
+  auto args = kTiny;
+  args.at(1) = "2";   // --layers: a block per stage
+  args.at(11) = "6";  // --steps
+  args.at(15) = "1";  // --eval-batches
+  args.at(19) = "0";  // --samples
+  args.insert(args.end(), {"--tp", "1", "--dropout", "0.5", "--log-losses"});
+  const auto run = [&](const std::string& pp, const std::string& eval_every) {
+    auto a = args;
+    a.at(13) = eval_every;
+    a.insert(a.end(), {"--pp", pp});
+    auto r = run_gpt(cache.path, a);
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    return r;
+  };
+  const auto one = run("1", "0");  // two replicas, no pipeline
+  const auto evaluating = run("2", "2");
+  const auto quiet = run("2", "0");
+  const auto a = summary(one.out), b = summary(evaluating.out), c = summary(quiet.out);
+  ASSERT_TRUE(a.is_object() && b.is_object() && c.is_object()) << one.out << evaluating.out << quiet.out;
+  // Step 0: the same weights, evaluated without dropout, at --pp 1 and 2.
+  EXPECT_NEAR(b.at("first_val_loss").get<double>(), a.at("first_val_loss").get<double>(), 1e-5);
+  EXPECT_NEAR(c.at("first_val_loss").get<double>(), a.at("first_val_loss").get<double>(), 1e-5);
+  // Evaluating at steps 2 and 4 changes no training step.
+  const auto with = losses(evaluating.out), without = losses(quiet.out);
+  ASSERT_EQ(with.size(), 6u) << evaluating.out;
+  for (const auto& [step, loss] : without) EXPECT_EQ(with.at(step), loss) << "step " << step;
+}
+
 TEST(GptTrainer, ImpossibleFlagsSayWhy) {
   cohort::testing::TempDir cache("cohort-gpt-test");
   auto sharded = run_gpt(cache.path, {"--tp", "1", "--pp", "2", "--zero", "3"});
@@ -155,6 +190,11 @@ TEST(GptTrainer, ImpossibleFlagsSayWhy) {
       << describe(sharded);
   EXPECT_NE((sharded.out + sharded.err).find("ZeRO-3 cannot shard a pipeline's stages"), std::string::npos)
       << describe(sharded);
+  // ZeRO-2 composes with sequence parallelism (docs/tensor_parallel.md); ZeRO-3 does not.
+  auto sp = run_gpt(cache.path, {"--sequence-parallel", "--zero", "3"});
+  EXPECT_NE(sp.exit_code, 0) << describe(sp);
+  EXPECT_NE((sp.out + sp.err).find("use --zero 0, 1 or 2 with --sequence-parallel"), std::string::npos)
+      << describe(sp);
   auto heads = run_gpt(cache.path, {"--heads", "3"});
   EXPECT_NE(heads.exit_code, 0) << describe(heads);
   EXPECT_NE((heads.out + heads.err).find("make --heads a multiple of --tp"), std::string::npos) << describe(heads);

@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "cohort/errors.h"
 #include "cohort/tensor_parallel/cross_entropy.h"
 #include "cohort/tensor_parallel/embedding.h"
@@ -95,6 +100,48 @@ TEST(VocabParallel, MisshapenInputsAreRefusedNamingThem) {
                 std::string::npos)
           << e.what();
     }
+  });
+}
+
+// Note [Ids outside the vocabulary] (vocab_range.h): no rank holds them, so they
+// read as zero rows and target logits of 0 unless refused; PyTorch refuses both.
+// On the CPU every rank refuses alike, before any collective; on CUDA it is a
+// device-side assert, without the host sync a message would cost each step.
+TEST(VocabParallel, IdsAndTargetsOutsideTheVocabularyAreRefusedNamingThem) {
+  cohort::testing::run_thread_world(2, [&](World& w) {
+    VocabParallelEmbedding emb(w.group(), VocabParallelEmbeddingOptions(8, 4));
+    for (const std::int64_t id : {8, 100, -3}) {
+      try {
+        emb(torch::tensor(std::vector<std::int64_t>{0, 3, id, 7}).view({1, 4}));
+        ADD_FAILURE() << "id " << id << " of a vocabulary of 8 was accepted";
+      } catch (const cohort::ConfigError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("VocabParallelEmbedding: token id " + std::to_string(id) +
+                            " is outside the vocabulary [0, 8) (rank " + std::to_string(w.rank())),
+                  std::string::npos)
+            << what;
+        EXPECT_NE(what.find("another tokenizer or vocabulary size"), std::string::npos) << what;
+      }
+    }
+    EXPECT_EQ(emb(torch::tensor({0, 7}, torch::kLong).view({1, 2})).size(-1), 4);  // the ends are in
+
+    auto logits = torch::randn({1, 3, 4}, torch::kDouble);  // this rank's half of 8
+    for (const std::int64_t target : {8, -5}) {
+      try {
+        vocab_parallel_cross_entropy(logits, torch::tensor(std::vector<std::int64_t>{1, target, 2}).view({1, 3}),
+                                     w.group());
+        ADD_FAILURE() << "target " << target << " of a vocabulary of 8 was accepted";
+      } catch (const cohort::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("vocab_parallel_cross_entropy: target " + std::to_string(target) +
+                                             " is outside the vocabulary [0, 8)"),
+                  std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find("and not the ignore_index -100"), std::string::npos) << e.what();
+      }
+    }
+    // ignore_index and the vocabulary's ends are in.
+    auto loss = vocab_parallel_cross_entropy(logits, torch::tensor({0, -100, 7}, torch::kLong).view({1, 3}), w.group());
+    EXPECT_TRUE(std::isfinite(loss.item<double>()));
   });
 }
 

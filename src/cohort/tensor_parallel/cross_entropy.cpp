@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cohort/errors.h"
+#include "cohort/tensor_parallel/vocab_range.h"
 
 namespace cohort::tensor_parallel {
 namespace {
@@ -86,6 +87,9 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
   if (targets.scalar_type() != at::kLong)
     throw ConfigError(fmt::format("cohort vocab_parallel_cross_entropy: targets must be int64, got {}",
                                   std::string(targets.dtype().name())));
+  // Note [Ids outside the vocabulary] (vocab_range.h): such a target's logit is no rank's.
+  detail::check_in_vocabulary(targets, logits.size(-1) * group.size(), ignore_index,
+                              "vocab_parallel_cross_entropy: target", group);
   return VocabParallelCrossEntropy::apply(logits, targets, std::move(group), ignore_index);
 }
 

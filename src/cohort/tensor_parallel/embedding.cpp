@@ -9,6 +9,7 @@
 #include "cohort/errors.h"
 #include "cohort/tensor_parallel/collectives.h"
 #include "cohort/tensor_parallel/linear.h"
+#include "cohort/tensor_parallel/vocab_range.h"
 
 namespace cohort::tensor_parallel {
 
@@ -35,6 +36,9 @@ std::int64_t VocabParallelEmbeddingImpl::last_row() const {
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   if (ids.scalar_type() != at::kLong)
     throw ConfigError(fmt::format("cohort VocabParallelEmbedding: ids must be int64, got {}", std::string(ids.dtype().name())));
+  // Note [Ids outside the vocabulary] (vocab_range.h): no rank holds them.
+  detail::check_in_vocabulary(ids, options.num_embeddings(), std::nullopt, "VocabParallelEmbedding: token id",
+                              group_);
   const auto first = first_row(), last = last_row();
   auto outside = (ids < first) | (ids >= last);
   auto local_ids = (ids - first).masked_fill(outside, 0);
