@@ -31,6 +31,7 @@
 #include "fault_tolerant_optimizer.h"
 #include "mixed_precision.h"
 #include "model.h"
+#include "settings.h"
 
 namespace fashion_mnist {
 namespace ft = cohort::fault_tolerance;
@@ -72,17 +73,18 @@ bool forward_backward(FaultTolerantOptimizer& optimizer, const MixedPrecision& p
 
 int train_fault_tolerant(const TrainerOptions& o) {
   const auto started = Clock::now();
-  // Note [One configuration]: what every replica must have been started with alike.
-  auto replicas = ft::ReplicaGroup::join(
-      ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment())
-          .configuration(fmt::format("batch-size {} epochs {} limit-train-batches {} max-steps {} optimizer {} lr {} "
-                                     "schedule {} seed {} amp {} memory-format {} activation-checkpointing {} zero {}",
-                                     o.batch_size, o.epochs, o.limit_train_batches, o.max_steps, o.optimizer, o.lr,
-                                     o.schedule, o.seed, o.amp, o.memory_format, o.activation_checkpointing, o.zero))
-          .shards_per_replica(o.shards_per_replica));
-  const int id = replicas.replica_id();
+  // Read before joining: the job's configuration holds the sizes of the data.
   cohort::data::FashionMnist train_set(o.data_dir, cohort::data::FashionMnist::Split::kTrain);
   cohort::data::FashionMnist test_set(o.data_dir, cohort::data::FashionMnist::Split::kTest);
+  // Note [One configuration]: what every replica must have been started with alike,
+  // the list every rank of a fixed world agrees on (Note [Settings every rank shares]
+  // in settings.cpp, which says what is left out and why).
+  const auto settings = shared_settings(o, static_cast<std::int64_t>(train_set.size().value()),
+                                        static_cast<std::int64_t>(test_set.size().value()));
+  auto replicas = ft::ReplicaGroup::join(ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment())
+                                             .configuration(as_configuration(settings))
+                                             .shards_per_replica(o.shards_per_replica));
+  const int id = replicas.replica_id();
   torch::manual_seed(o.seed);
   FashionNet model;
   if (o.memory_format == "channels-last") model->use_channels_last();

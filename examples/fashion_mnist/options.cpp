@@ -2,8 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cstdlib>
 #include <iostream>
+
+#include "cohort/errors.h"
 
 namespace fashion_mnist {
 
@@ -101,12 +102,11 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     std::cout << app.help();
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
-    std::cerr << "fashion_mnist: " << e.what() << "\nRun with --help for the flags.\n";
-    std::exit(2);
+    throw cohort::ConfigError(std::string("fashion_mnist: ") + e.what() + "\nRun with --help for the flags.");
   }
+  // Note [Refusals reach the launcher] in main.cpp.
   auto refuse = [](const std::string& why) {
-    std::cerr << "fashion_mnist: " << why << "\nRun with --help for the flags.\n";
-    std::exit(2);
+    throw cohort::ConfigError("fashion_mnist: " + why + "\nRun with --help for the flags.");
   };
   if (o.microbatches == 0) o.microbatches = 2 * o.pipeline_stages;
   if (o.pipeline_stages == 1 && (o.pipeline_schedule != "1f1b" || o.virtual_stages != 1))
@@ -167,7 +167,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
     alone(o.comm_hook != "allreduce", "--comm-hook " + o.comm_hook,
           "a hook's state (PowerSGD's error feedback) is per group; use --comm-hook allreduce");
     alone(o.device != "cpu", "--device " + o.device, "the replica group's collectives run on Gloo; use --device cpu");
-    alone(o.straggler_every > 0, "--straggler-every", "straggler reports are collectives over a fixed world");
+    alone(o.straggler_every > 0, "--straggler-every",
+          "straggler reports are collectives over a fixed world, which a fault-tolerant job does not have; drop "
+          "--straggler-every here, and find slow ranks in a run without --fault-tolerance (its straggler report, "
+          "docs/timeline.md)");
   }
   if (o.shards_per_replica > 1 && (!o.fault_tolerance || o.zero == 0))
     refuse("--shards-per-replica " + std::to_string(o.shards_per_replica) + " cuts fault-tolerant replicas for "

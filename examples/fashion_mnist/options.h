@@ -42,8 +42,9 @@ struct TrainerOptions {
   int zero = 0;  // 0 | 1 | 2 | 3: the optimizer's state sharded, at 2 the gradients, at 3 the parameters (docs/zero.md)
 };
 
-// Parses argv. Returns nullopt after printing help. On a bad flag, prints what is
-// wrong (naming the flag) and exits with status 2, as command-line tools do.
+// Parses argv. Returns nullopt after printing help. On a bad flag, throws a
+// cohort::ConfigError saying what is wrong (naming the flag); main.cpp records it and
+// exits with status 2, as command-line tools do.
 std::optional<TrainerOptions> parse_options(int argc, char** argv);
 
 }  // namespace fashion_mnist

@@ -39,6 +39,7 @@
 #include "cohort/trace/world_timeline.h"
 #include "performance.h"
 #include "progress.h"
+#include "settings.h"
 #include "strategy.h"
 
 namespace fashion_mnist {
@@ -101,6 +102,10 @@ int train(const TrainerOptions& o) {
 
   FashionMnist train_set(o.data_dir, FashionMnist::Split::kTrain);
   FashionMnist test_set(o.data_dir, FashionMnist::Split::kTest);
+  // Note [Settings every rank shares] (settings.cpp): a rank started with other flags
+  // is named here, by every rank, before any collective that the flags shape.
+  cohort::comm::agree_on_settings(world, shared_settings(o, static_cast<std::int64_t>(train_set.size().value()),
+                                                         static_cast<std::int64_t>(test_set.size().value())));
 
   // Every rank builds the same initial weights from the seed; DDP checks that and
   // broadcasts rank 0's anyway.

@@ -2,8 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cstdlib>
 #include <iostream>
+
+#include "cohort/errors.h"
 
 namespace gpt {
 
@@ -85,12 +86,11 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
     std::cout << app.help();
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
-    std::cerr << "gpt: " << e.what() << "\nRun with --help for the flags.\n";
-    std::exit(2);
+    throw cohort::ConfigError(std::string("gpt: ") + e.what() + "\nRun with --help for the flags.");
   }
+  // Note [Refusals reach the launcher] in examples/fashion_mnist/main.cpp.
   auto refuse = [](const std::string& why) {
-    std::cerr << "gpt: " << why << "\nRun with --help for the flags.\n";
-    std::exit(2);
+    throw cohort::ConfigError("gpt: " + why + "\nRun with --help for the flags.");
   };
   const auto n = [](auto v) { return std::to_string(v); };
   if (o.pp > o.layers)

@@ -12,6 +12,7 @@
 
 #include "batches.h"
 #include "checkpoints.h"
+#include "cohort/comm/config_agreement.h"
 #include "cohort/comm/device_mesh.h"
 #include "cohort/comm/world.h"
 #include "cohort/errors.h"
@@ -86,6 +87,50 @@ std::unique_ptr<Strategy> parallelize(const GptTrainerOptions& o, Gpt model, con
   return make_data_parallel(std::move(model), mesh);
 }
 
+// Note [Settings every rank shares] (examples/fashion_mnist/settings.cpp), for the
+// GPT: the mesh, the model, the run, the sampling at the end (collective under TP),
+// and the checkpoints must be alike on every rank; whether --save-initial is given
+// too (gathering the whole state is collective), not its path. Left out on purpose:
+// --fortunes-dir and --cache-dir (each node reads and tokenizes its own copy, where
+// it likes), --dump-data, --log-losses and --log-interval (rank 0's alone).
+std::vector<cohort::comm::Setting> shared_settings(const GptTrainerOptions& o) {
+  auto text = [](const auto& v) { return fmt::format("{}", v); };
+  auto flag = [](bool v) { return std::string(v ? "on" : "off"); };
+  return {
+      {"--dp", text(o.dp)},
+      {"--tp", text(o.tp)},
+      {"--pp", text(o.pp)},
+      {"--microbatches", text(o.microbatches)},
+      {"--sequence-parallel", flag(o.sequence_parallel)},
+      {"--zero", text(o.zero)},
+      {"--amp", o.amp},
+      {"--activation-checkpointing", flag(o.activation_checkpointing)},
+      {"--layers", text(o.layers)},
+      {"--embed-dim", text(o.embed_dim)},
+      {"--heads", text(o.heads)},
+      {"--context", text(o.context)},
+      {"--dropout", text(o.dropout)},
+      {"--vocab-size", text(o.vocab_size)},
+      {"--steps", text(o.steps)},
+      {"--batch-size", text(o.batch_size)},
+      {"--lr", text(o.lr)},
+      {"--warmup-steps", text(o.warmup_steps)},
+      {"--weight-decay", text(o.weight_decay)},
+      {"--seed", text(o.seed)},
+      {"--eval-every", text(o.eval_every)},
+      {"--eval-batches", text(o.eval_batches)},
+      {"--device", o.device},
+      {"--samples", text(o.samples)},
+      {"--sample-tokens", text(o.sample_tokens)},
+      {"--temperature", text(o.temperature)},
+      {"--top-k", text(o.top_k)},
+      {"--save-initial (given)", flag(!o.save_initial.empty())},
+      {"--checkpoint-dir", o.checkpoint_dir},
+      {"--checkpoint-every", text(o.checkpoint_every)},
+      {"--stop-after", text(o.stop_after)},
+  };
+}
+
 }  // namespace
 
 int train(const GptTrainerOptions& o) {
@@ -96,6 +141,8 @@ int train(const GptTrainerOptions& o) {
   auto init = cohort::trace::traced();
   if (o.device == "cpu") init.backend("gloo");
   auto world = cohort::comm::World::init(init);
+  // Note [Settings every rank shares]: before the mesh, whose groups the flags shape.
+  cohort::comm::agree_on_settings(world, shared_settings(o));
   auto timeline = cohort::trace::timeline_of(world);
   const bool lead = world.rank() == 0;
   const c10::Device device = choose_device(o, world);

@@ -595,7 +595,8 @@ TEST(Trainer, DeviceCudaSaysWhatIsMissing) {
     EXPECT_EQ(r.exit_code, 0) << describe(r);
     return;
   }
-  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  // A ConfigError: the job ends with 2 (Note [A job that ends on a configuration error]).
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_NE(r.err.find("--device cuda: no CUDA device is usable: " + cuda.why_no_gpu()), std::string::npos)
       << r.err;
 #ifdef COHORT_HAVE_NCCL
@@ -851,6 +852,12 @@ TEST(Trainer, FaultToleranceFlagsThatCannotWorkExitTwo) {
     EXPECT_EQ(r.exit_code, 2) << describe(r);
     EXPECT_NE(r.err.find("--fault-tolerance with " + extra[0]), std::string::npos) << describe(r);
   }
+  // --straggler-every names the way through too (issue 46, item 5).
+  auto straggler = cohort::testing::run_process({COHORT_TRAINER_PATH, "--fault-tolerance", "--straggler-every", "5"}, 30s);
+  EXPECT_EQ(straggler.exit_code, 2) << describe(straggler);
+  EXPECT_NE(straggler.err.find("drop --straggler-every here, and find slow ranks in a run without --fault-tolerance"),
+            std::string::npos)
+      << describe(straggler);
   // --zero 1 alone names the way through: replicas of several ranks.
   auto zero = cohort::testing::run_process({COHORT_TRAINER_PATH, "--fault-tolerance", "--zero", "1"}, 30s);
   EXPECT_NE(zero.err.find("add --shards-per-replica 2"), std::string::npos) << describe(zero);
@@ -862,6 +869,42 @@ TEST(Trainer, FaultToleranceFlagsThatCannotWorkExitTwo) {
     EXPECT_EQ(r.exit_code, 2) << describe(r);
     EXPECT_NE(r.err.find("it needs --fault-tolerance and --zero 1 or 2"), std::string::npos) << describe(r);
   }
+}
+
+// Note [Refusals reach the launcher] (examples/fashion_mnist/main.cpp): under
+// `cohort run --fault-tolerance in-process`, a flag the trainer refuses is recorded as
+// a ConfigError, so no worker is replaced, no restart is spent, and the job exits 2
+// (issue 46, item 5: every restart was spent, and the job exited 1).
+TEST(Trainer, AFlagRefusedUnderFaultToleranceSpendsNoRestartAndExitsTwo) {
+  auto r = cohort::testing::run_process({COHORT_CLI_PATH, "run", "--nproc-per-node", "2", "--fault-tolerance",
+                                         "in-process", "--max-restarts", "3", "--stop-timeout", "3",
+                                         COHORT_TRAINER_PATH, "--fault-tolerance", "--zero", "3"},
+                                        120s, {{"OMP_NUM_THREADS", "1"}});
+  EXPECT_FALSE(r.timed_out) << describe(r);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--fault-tolerance with --zero 3"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("not replaced: it stopped on a configuration error"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("0 of --max-restarts 3 single-worker restart(s) used"), std::string::npos) << describe(r);
+  EXPECT_EQ(r.err.find("(incarnation 1"), std::string::npos) << describe(r);
+}
+
+// Note [Settings every rank shares] (examples/fashion_mnist/settings.cpp): a rank
+// started with another --seed is named, with both values and the ranks, by the
+// agreement at start; the job ends with 2 and is not restarted (issue 46, item 10:
+// it trained on silently to weights that neither seed gives, and flags that shape
+// the collectives hung until the timeout).
+TEST(Trainer, ARankStartedWithAnotherFlagIsNamedAndTheJobExitsTwo) {
+  const std::string per_rank = "if [ \"$RANK\" = 1 ]; then s=5; else s=11; fi; exec \"$0\" \"$@\" --seed $s";
+  const std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", "2", "--max-restarts", "2",
+                                      "--stop-timeout", "3", "/bin/sh", "-c", per_rank, COHORT_TRAINER_PATH,
+                                      "--epochs", "1", "--limit-train-batches", "8", "--optimizer", "sgd"};
+  auto r = cohort::testing::run_process(argv, 240s, {{"COHORT_TIMEOUT", "60"}, {"OMP_NUM_THREADS", "1"}});
+  EXPECT_FALSE(r.timed_out) << describe(r);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--seed differs across ranks: 11 on rank 0; 5 on rank 1."), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("Pass the same flags to every rank"), std::string::npos) << describe(r);
+  EXPECT_EQ(r.err.find("restarting every worker"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("not restarting: worker"), std::string::npos) << describe(r);
 }
 
 }  // namespace

@@ -132,6 +132,15 @@ RunDirectory::~RunDirectory() {
   if (!keep_) fs::remove_all(path_, ignored);
 }
 
+// Note [A job that ends on a configuration error]
+// A job whose root cause (failure.h) is a worker that stopped on a
+// cohort::ConfigError, as its error file says (a flag the program refuses, ranks
+// started with different settings), ends with exit code 2, the launcher's own code
+// for input the job cannot run with, and not 1. The static agent does not restart
+// it: every worker would get the same environment and stop on the same error
+// (Note [A restart that cannot help] in launcher/in_process.h, where in-process mode
+// replaces no such worker). A program that does not record its errors
+// (cohort::elastic::record) leaves no error file, and its failures stay 1.
 int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostResources& resources) {
   raise_open_files_limit();  // Note [Open files limit] in launcher/worker_process.h
   start_orphan_reaper();     // Note [No orphans] in launcher/worker_process.h
@@ -218,9 +227,20 @@ int run_agent(const RunOptions& options, const comm::EnvMap& env, const HostReso
     }
     FailureContext fc{util::host_name(), run_id, attempt, options.max_restarts};
     fmt::print(stderr, "{}", failure_summary(result.in_exit_order, fc));
+    // Note [A job that ends on a configuration error]
+    const WorkerOutcome* cause = root_cause(result.in_exit_order);
+    const bool refused = cause && repeats_in_a_replacement(*cause);
     if (in_process) {
       fmt::print(stderr, "{}", in_process->summary(result.in_exit_order));
-      exit_code = 1;
+      exit_code = refused ? 2 : 1;
+      break;
+    }
+    if (refused) {
+      if (attempt < options.max_restarts)
+        fmt::print(stderr, "cohort run: not restarting: worker {} stopped on a configuration error, which a restart "
+                           "with the same environment would repeat (no restart used); fix it and run the job again\n",
+                   cause->slot.rank);
+      exit_code = 2;
       break;
     }
     if (attempt >= options.max_restarts) {
