@@ -309,7 +309,11 @@ int run_elastic_agent(const AgentSetup& setup) {
                                                     static_cast<int>(max_restarts)}),
                      in_process->summary(result.in_exit_order));
         const int code = finish(rdzv, r, hosting, check);
-        return result.success ? code : 1;
+        if (result.success) return code;
+        // Note [A job that ends on a configuration error] (agent.cpp): a worker that
+        // stopped on a refusal was not replaced, and the job says so with exit 2.
+        const WorkerOutcome* cause = root_cause(result.in_exit_order);
+        return cause && repeats_in_a_replacement(*cause) ? 2 : 1;
       }
       // Workers stopped for a change may exit 0 (a trainer that saves on SIGTERM):
       // that is an interruption, not the end of the job.
