@@ -123,8 +123,12 @@ TEST_F(FaultTolerance, MinReplicasWaitsForTheReplacement) {
   cohort::testing::TempDir dir("cohort-ft");
   auto r = run_ft(dir.path, {"--die", "1:backward:5"}, {"--min-replicas", "3"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  // Quorum 1, then one quorum of all three: never a quorum of two.
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 0: done .* quorums 2 "))) << describe(r);
+  // Never a quorum of two: the replacement joins at the step that was in flight at
+  // the kill (5) and commits every step from there, 19 of 24. (Counting quorums
+  // does not tell: a joiner's request can land just after the quorum that took it
+  // in was decided, which regroups once more, all three again; seen on a loaded
+  // machine.)
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("replica 1: done at step 24: committed 19 "))) << describe(r);
   expect_reference_weights(dir.path, r);
 }
 
