@@ -11,6 +11,7 @@
 #include "cohort/errors.h"
 #include "cohort/fault_tolerance/quorum.h"
 #include "cohort/fault_tolerance/vote.h"
+#include "cohort/store/counting_store.h"
 #include "cohort/util/bytes.h"
 
 namespace ft = cohort::fault_tolerance;
@@ -19,6 +20,14 @@ using namespace std::chrono_literals;
 namespace {
 
 c10::intrusive_ptr<c10d::Store> store() { return c10::make_intrusive<c10d::HashStore>(); }
+
+// What the launcher writes when it reaps a worker (launcher/in_process.h): the dead
+// key, then an event naming it.
+void publish_dead(c10d::Store& s, int replica, int incarnation = 0) {
+  s.set(ft::keys::dead(replica), cohort::util::to_bytes(std::to_string(incarnation)));
+  const auto n = s.add(ft::keys::events(), 1);
+  s.set(ft::keys::event(n), cohort::util::to_bytes("dead " + std::to_string(replica) + " " + std::to_string(incarnation)));
+}
 
 // Note [Events, not sleeps]: a test that needs "the other members are already
 // waiting" waits for the store to show it, bounded, rather than sleeping for a time
@@ -165,7 +174,7 @@ TEST(Quorum, EveryArrivalReadsTheSameDecision) {
 
 TEST(Quorum, AReplicaKnownDeadIsNotWaitedFor) {
   auto s = store();
-  s->set(ft::keys::dead(2), cohort::util::to_bytes("0"));
+  publish_dead(*s, 2);
   const auto start = std::chrono::steady_clock::now();
   auto a = std::async(std::launch::async, [&] { return ft::form_quorum(*s, 1, {0, 0, 0}, rules(3)); });
   auto b = ft::form_quorum(*s, 1, {1, 0, 0}, rules(3));
@@ -233,7 +242,7 @@ ft::FormRules sharded_rules(std::chrono::milliseconds wait, std::chrono::millise
 // (its replica not whole) is left out, and the quorum is replica 1 (ranks 2, 3).
 TEST(Quorum, WithShardsPerReplicaOnlyWholeReplicasAreTaken) {
   auto s = store();
-  s->set(ft::keys::dead(1), cohort::util::to_bytes("0"));
+  publish_dead(*s, 1);
   std::vector<std::future<ft::QuorumRecord>> f;
   for (int id : {0, 2, 3})
     f.push_back(std::async(std::launch::async,
@@ -300,7 +309,7 @@ TEST(Quorum, WithShardsPerReplicaANewestStateThatCannotJoinIsNamed) {
 TEST(Quorum, WithShardsPerReplicaEveryShardOfTheNewestStepHasASource) {
   auto s = store();
   decide_quorum_one_of_four(*s);
-  s->set(ft::keys::dead(3), cohort::util::to_bytes("0"));
+  publish_dead(*s, 3);
   const std::vector<ft::Member> here{{1, 0, 4}, {2, 0, 4}, {3, 1, -1}};
   std::vector<std::future<ft::QuorumRecord>> f;
   for (const auto& m : here)
@@ -322,8 +331,8 @@ TEST(Quorum, WithShardsPerReplicaEveryShardOfTheNewestStepHasASource) {
 TEST(Quorum, WithShardsPerReplicaALostShardIsNamed) {
   auto s = store();
   decide_quorum_one_of_four(*s);
-  s->set(ft::keys::dead(1), cohort::util::to_bytes("0"));
-  s->set(ft::keys::dead(3), cohort::util::to_bytes("0"));
+  publish_dead(*s, 1);
+  publish_dead(*s, 3);
   std::vector<std::future<ft::QuorumRecord>> f;
   for (const ft::Member& m : {ft::Member{1, 1, -1}, ft::Member{2, 0, 4}, ft::Member{3, 1, -1}})
     f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 3s)); }));
@@ -346,8 +355,8 @@ TEST(Quorum, WithShardsPerReplicaALostShardIsNamed) {
 TEST(Quorum, WithShardsPerReplicaAHolderInAReplicaNotYetWholeIsWaitedFor) {
   auto s = store();
   decide_quorum_one_of_four(*s);
-  s->set(ft::keys::dead(0), cohort::util::to_bytes("0"));
-  s->set(ft::keys::dead(3), cohort::util::to_bytes("0"));
+  publish_dead(*s, 0);
+  publish_dead(*s, 3);
   std::vector<std::future<ft::QuorumRecord>> f;
   for (const ft::Member& m : {ft::Member{1, 0, 4}, ft::Member{2, 0, 4}, ft::Member{3, 1, -1}})
     f.push_back(std::async(std::launch::async, [&, m] { return ft::form_quorum(*s, 2, m, sharded_rules(50ms, 10s)); }));
@@ -371,8 +380,8 @@ namespace {
 TEST(Quorum, AWorkerPublishedDeadLeavesAndIsNeverTakenIn) {
   auto s = store();
   // Replica 2's stale incarnation 0 arrived, then its node was published lost.
-  s->set(ft::keys::arrived(1, 2), cohort::util::to_bytes("0 0"));
-  s->set(ft::keys::dead(2), cohort::util::to_bytes("0"));
+  ft::announce_arrival(*s, 1, {2, 0, 0});
+  publish_dead(*s, 2);
   try {
     ft::form_quorum(*s, 1, {2, 0, 0}, rules(3));
     ADD_FAILURE() << "a worker published dead came to a quorum";
@@ -385,6 +394,51 @@ TEST(Quorum, AWorkerPublishedDeadLeavesAndIsNeverTakenIn) {
   EXPECT_EQ(a.get().encode(), b.encode());
   EXPECT_EQ(b.members.size(), 2u) << b.encode();
   EXPECT_EQ(b.index_of(2), -1) << "the stale arrival was taken in: " << b.encode();
+}
+
+}  // namespace
+
+namespace {
+
+// Note [How a quorum forms at scale] (quorum.cpp): a quorum of N replicas costs the
+// store O(N) calls. Before, every replica polled the dead key of every expected
+// member and re-read every arrival as the count moved: 4 N^2 calls, 16,400 for 64
+// replicas (benchmarks/scale/control_bench.cpp), where this allows 64 * 40. Both
+// ways the decision is made after the last arrival and after a death.
+TEST(Quorum, AQuorumOfSixtyFourCostsTheStoreCallsLinearInTheReplicas) {
+  constexpr int n = 64;
+  auto shared = store();
+  std::vector<c10::intrusive_ptr<cohort::store::CountingStore>> views;
+  for (int i = 0; i < n; ++i) views.push_back(c10::make_intrusive<cohort::store::CountingStore>(shared));
+  auto form_all = [&](std::int64_t target, int count, std::int64_t step) {
+    std::vector<std::future<ft::QuorumRecord>> f;
+    for (int i = 0; i < count; ++i)
+      f.push_back(std::async(std::launch::async, [&, i] {
+        return ft::form_quorum(*views[static_cast<size_t>(i)], target, {i, 0, step}, rules(n, 60s));
+      }));
+    std::vector<ft::QuorumRecord> out;
+    for (auto& each : f) out.push_back(each.get());
+    return out;
+  };
+  std::int64_t calls = 0;
+  auto spent = [&] {
+    std::int64_t total = 0;
+    for (const auto& v : views) total += v->calls();
+    const auto since = total - calls;
+    calls = total;
+    return since;
+  };
+  for (const auto& r : form_all(1, n, 0)) EXPECT_EQ(r.members.size(), static_cast<size_t>(n));
+  EXPECT_LT(spent(), n * 40);
+  // The last of the 64 dies before quorum 2: published as the launcher does.
+  auto second = std::async(std::launch::async, [&] { return form_all(2, n - 1, 1); });
+  ASSERT_TRUE(arrivals_written(*shared, 2, {0, 1, 2, 62}));
+  publish_dead(*shared, n - 1);
+  for (const auto& r : second.get()) {
+    EXPECT_EQ(r.members.size(), static_cast<size_t>(n - 1));
+    EXPECT_EQ(r.index_of(n - 1), -1);
+  }
+  EXPECT_LT(spent(), n * 40);
 }
 
 }  // namespace

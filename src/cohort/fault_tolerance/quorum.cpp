@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "cohort/errors.h"
+#include "cohort/fault_tolerance/store_wait.h"
 #include "cohort/util/bytes.h"
 
 namespace cohort::fault_tolerance {
@@ -17,6 +20,7 @@ namespace keys {
 std::string quorum(std::int64_t id) { return "cohort/ft/q" + std::to_string(id); }
 std::string members(std::int64_t id) { return quorum(id) + "/members"; }
 std::string arrived(std::int64_t id, int replica) { return quorum(id) + "/arrived/" + std::to_string(replica); }
+std::string arrivals(std::int64_t id, int bucket) { return quorum(id) + "/arrivals/" + std::to_string(bucket); }
 std::string dead(int replica) { return "cohort/ft/dead/" + std::to_string(replica); }
 std::string latest() { return "cohort/ft/latest"; }
 std::string finished() { return "cohort/ft/finished"; }
@@ -66,6 +70,7 @@ std::string QuorumRecord::encode() const {
 }
 
 QuorumRecord QuorumRecord::decode(std::int64_t id, const std::string& text) {
+  if (!text.empty() && text[0] == '!') throw CommError(text.substr(1));  // Note [How a quorum forms at scale]
   QuorumRecord r;
   r.id = id;
   std::istringstream in(text);
@@ -107,17 +112,127 @@ std::vector<Member> expected_members(c10d::Store& store, std::int64_t target, in
   return all;
 }
 
-std::map<int, Member> read_arrivals(c10d::Store& store, std::int64_t target, int max_replicas) {
-  std::map<int, Member> found;
-  for (int id = 0; id < max_replicas; ++id) {
-    const auto key = keys::arrived(target, id);
-    if (!store.check({key})) continue;
+// Note [A look in one call]
+// A scan reads a key per replica (its arrival, its death), and a check() followed
+// by a get() is two round trips for each. compareSet with an expected value that no
+// key ever holds writes nothing and answers with the value when the key is there,
+// or with that expected value when it is not (c10d's rule, kept by cohort's store,
+// TCPStore and HashStore): a look in one round trip, on every store.
+const std::vector<std::uint8_t>& absent() {
+  static const std::vector<std::uint8_t> marker = util::to_bytes("\x01cohort: no such key\x01");
+  return marker;
+}
+
+std::optional<std::string> look(c10d::Store& store, const std::string& key) {
+  auto value = store.compareSet(key, absent(), absent());
+  if (value == absent()) return std::nullopt;
+  return util::from_bytes(value);
+}
+
+}  // namespace
+
+// Note [Arrivals in buckets]
+// A scan of quorum t reads every arrival. One key per replica made that N round
+// trips, one after another, on the decision's critical path: on a busy machine,
+// where each round trip waits for the store's thread to be scheduled, 1,024
+// replicas took seconds to decide. So each arrival is also appended to the bucket
+// of kArrivalsPerBucket replicas its id falls in, with compareSet (the append of
+// c10d's extended API is not in LibTorch 1.13), and a scan reads N / 32 keys. An
+// append that loses a race retries on the value it lost to, so it costs the
+// arrival a round trip per concurrent arrival of its bucket, off the critical
+// path. A replica that arrives twice (a stale incarnation, then its replacement)
+// has two entries; the later one counts. The key of its own (keys::arrived) stays,
+// for the waits that follow one replica's arrival.
+void announce_arrival(c10d::Store& store, std::int64_t target, const Member& me) {
+  store.set(keys::arrived(target, me.id), util::to_bytes(fmt::format("{} {}", me.incarnation, me.step)));
+  const auto key = keys::arrivals(target, me.id / kArrivalsPerBucket);
+  const auto entry = util::to_bytes(fmt::format("{} {} {};", me.id, me.incarnation, me.step));
+  std::vector<std::uint8_t> seen;
+  if (auto text = look(store, key)) seen = util::to_bytes(*text);
+  while (true) {
+    auto desired = seen;
+    desired.insert(desired.end(), entry.begin(), entry.end());
+    auto now_there = store.compareSet(key, seen, desired);
+    if (now_there == desired) return;
+    seen = std::move(now_there);
+  }
+}
+
+namespace {
+
+// The deaths the launcher published, read from the event log incrementally.
+class DeathLog {
+ public:
+  // Reads the events up to the store's count. An event counted but not yet written
+  // is looked at again at later calls, and given up after kEventGrace (Note [An
+  // event that never comes] in replica_group.cpp).
+  void catch_up(c10d::Store& store) {
+    const auto total = store.add(keys::events(), 0);
+    for (auto n = seen_ + 1; n <= total; ++n) pending_.emplace(n, Clock::now());
+    seen_ = std::max(seen_, total);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      const auto text = look(store, keys::event(it->first));
+      if (!text && Clock::now() - it->second < kEventGrace) {
+        ++it;
+        continue;
+      }
+      if (text) record(*text);
+      it = pending_.erase(it);
+    }
+  }
+  // Events counted so far, and whether any was.
+  std::int64_t events() const { return seen_; }
+  bool any() const { return seen_ > 0; }
+  bool is_dead(const Member& m) const {
+    const auto it = dead_.find(m.id);
+    return it != dead_.end() && it->second >= m.incarnation;
+  }
+
+ private:
+  static constexpr auto kEventGrace = std::chrono::seconds(2);
+
+  void record(const std::string& text) {
+    std::istringstream in(text);
+    std::string what;
+    int rank = -1, incarnation = -1;
+    if (!(in >> what >> rank >> incarnation) || what != "dead") return;
+    const auto it = dead_.find(rank);
+    dead_[rank] = it == dead_.end() ? incarnation : std::max(it->second, incarnation);
+  }
+
+  std::int64_t seen_ = 0;
+  std::map<std::int64_t, Clock::time_point> pending_;  // counted, text not yet read
+  std::map<int, int> dead_;
+};
+
+// What a scan of quorum `target` found (Note [How a quorum forms at scale]).
+struct Scan {
+  std::map<int, Member> arrived;  // not published dead (Note [Published dead is out])
+  std::vector<int> missing;       // expected, not arrived, not dead
+  std::size_t dead = 0;           // expected members published dead
+};
+
+Scan scan(c10d::Store& store, std::int64_t target, const std::vector<Member>& expected, int max_replicas,
+          const DeathLog& deaths) {
+  Scan found;
+  const int buckets = (max_replicas + kArrivalsPerBucket - 1) / kArrivalsPerBucket;
+  for (int b = 0; b < buckets; ++b) {
+    const auto text = look(store, keys::arrivals(target, b));
+    if (!text) continue;
+    std::istringstream in(*text);
     Member m;
-    m.id = id;
-    std::istringstream in(util::from_bytes(store.get(key)));
-    in >> m.incarnation >> m.step;
-    if (dead_incarnation(store, id) >= m.incarnation) continue;  // Note [Published dead is out]
-    found[id] = m;
+    char end = 0;
+    while (in >> m.id >> m.incarnation >> m.step >> end) {
+      if (deaths.is_dead(m))
+        found.arrived.erase(m.id);
+      else
+        found.arrived[m.id] = m;  // a later entry of the same replica replaces the earlier
+    }
+  }
+  for (const auto& m : expected) {
+    const bool is_dead = deaths.is_dead(m);
+    found.dead += is_dead;
+    if (!found.arrived.count(m.id) && !is_dead) found.missing.push_back(m.id);
   }
   return found;
 }
@@ -164,13 +279,135 @@ void throw_if_published_dead(c10d::Store& store, const Member& me, std::int64_t 
 }
 }  // namespace
 
+namespace {
+
+// Note [How a quorum forms at scale]
+// Note [How a quorum forms] says who may decide and on what; this says who looks,
+// and when, so that a quorum of N replicas costs the store O(N) calls, not O(N^2).
+// Before, every replica polled every 0.2-2 ms, and each poll checked the dead key of
+// every expected member and re-read every arrival when the count moved: 8 replicas
+// formed in 8 ms, 64 in 0.45 s, 256 in 7.3 s (4N^2 calls; docs/scale.md).
+//  - A replica waits on the store for the decision (a server-side wait in slices,
+//    or a poll of check() over c10d's TCPStore), and between slices reads two
+//    counters: the arrivals of this quorum and the job's death events. Deaths are
+//    read from the event log (cohort/ft/event/<n>, written by the launcher beside
+//    each dead key; Note [An event that never comes]), each event once, so a
+//    replica knows how many expected members can no longer come.
+//  - Only when the arrivals reach the expected members still alive, or the wait
+//    for the expected has run out, is a scan worth its N reads. The situation
+//    (arrivals, events, deadline, member or joiner) names a claim key; the first
+//    replica to add to it scans and decides (or finds it cannot yet), the others
+//    wait for the decision. The arrival that completes the count claims at once,
+//    so the common quorum costs one scan and a decision broadcast by the store.
+//  - A scan reads each key in one round trip (Note [A look in one call]), and no
+//    dead key at all in a job where nobody died yet.
+//  - A scanner that dies mid-scan is a death: the events move, so does the
+//    situation, and another replica claims it. An event whose text never comes is
+//    not counted; the deadline still brings a scan.
+//  - A quorum that cannot form for want of a shard's state is published as such
+//    (a members record that starts with '!'), so every replica stops with the
+//    scanner's error, not only the scanner.
+
+// How long a replica waits on the store for the decision between looks at the
+// counters: the watcher (the quorum's first arrival) looks often; the others, which
+// only stand in for a watcher that died, look less often the more they are, so
+// that their looks together cost the store about the same.
+std::chrono::milliseconds slice_for(int replicas, bool watcher) {
+  if (watcher) return std::chrono::milliseconds(1);
+  return std::chrono::milliseconds(std::clamp(replicas / 4, 20, 250));
+}
+
+[[noreturn]] void throw_timed_out(const Scan& found, std::int64_t target, const Member& me, const FormRules& rules,
+                                  bool may_decide, std::chrono::steady_clock::duration waited) {
+  if (!may_decide)
+    throw TimeoutError(
+        fmt::format("cohort: fault tolerance: replica {} waited {:.0f} s to join quorum {}, but no live replica "
+                    "came to take it in (they do at their next step boundary)\n  fix: are the others hung in a "
+                    "step longer than that? raise COHORT_FT_MIN_REPLICAS_TIMEOUT",
+                    me.id, std::chrono::duration<double>(waited).count(), target),
+        "fault-tolerant join", {});
+  const auto whole = whole_replicas(found.arrived, rules.shards_per_replica);
+  const auto replicas_here = static_cast<int>(whole.size()) / rules.shards_per_replica;
+  std::vector<int> here;
+  for (const auto& entry : found.arrived) here.push_back(entry.first);
+  QuorumRecord proposal;
+  for (const auto& entry : whole) proposal.members.push_back(entry.second);
+  const bool keeps_newest = top_step(whole) >= top_step(found.arrived);
+  const int unsourced = proposal.shard_without_source(rules.shards_per_replica);
+  if (replicas_here >= rules.min_replicas && (!keeps_newest || unsourced >= 0))
+    throw TimeoutError(
+        fmt::format("cohort: fault tolerance: quorum {} cannot form after {:.0f} s: ranks [{}] arrived, but the "
+                    "newest state (step {}) of some shard is held only by ranks whose replica of {} is not "
+                    "whole; [{}] are missing (dead or stopped)\n  fix: see why those ranks died (the launcher's "
+                    "log); the job resumes from its newest checkpoint when restarted",
+                    target, std::chrono::duration<double>(waited).count(), fmt::join(here, ", "),
+                    top_step(found.arrived), rules.shards_per_replica, fmt::join(found.missing, ", ")),
+        "fault-tolerant quorum", found.missing);
+  const bool ranks = rules.shards_per_replica > 1;
+  throw TimeoutError(
+      fmt::format("cohort: fault tolerance: quorum {} has {} of the {} {}replicas it needs (--min-replicas) after "
+                  "{:.0f} s: {} [{}] are here, [{}] are missing (dead or stopped)\n  fix: see why those "
+                  "{} died (the launcher's log), or lower --min-replicas",
+                  target, replicas_here, rules.min_replicas, ranks ? "whole " : "",
+                  std::chrono::duration<double>(waited).count(), ranks ? "ranks" : "replicas", fmt::join(here, ", "),
+                  fmt::join(found.missing, ", "), ranks ? "ranks" : "replicas"),
+      "fault-tolerant quorum", found.missing);
+}
+
+// One look at quorum `target` by the replica that claimed it: decides it (writes
+// the members) when Note [How a quorum forms]'s rules allow, else leaves it.
+void look_and_decide(c10d::Store& store, std::int64_t target, const std::vector<Member>& expected, bool was_member,
+                     const FormRules& rules, const DeathLog& deaths, bool waited_enough) {
+  const auto found = scan(store, target, expected, rules.max_replicas, deaths);
+  const auto whole = whole_replicas(found.arrived, rules.shards_per_replica);
+  const auto replicas_here = static_cast<int>(whole.size()) / rules.shards_per_replica;
+  const bool enough = replicas_here >= rules.min_replicas;
+  const bool may_decide = was_member || found.dead == expected.size();  // Note [Who may decide]
+  if (!may_decide || !enough) return;
+  // Note [Sharding inside a replica]: never leave out the newest state. A rank that
+  // holds a later step than every whole replica here waits for its replica to be
+  // whole (its missing rank arrives, or dies and is replaced).
+  // And every shard of the proposal has a source at its newest step: a rank of a
+  // shard may arrive late, stuck in a collective with a rank that failed.
+  const bool keeps_newest = top_step(whole) >= top_step(found.arrived);
+  QuorumRecord proposal;
+  proposal.id = target;
+  for (const auto& entry : whole) proposal.members.push_back(entry.second);
+  const int unsourced = proposal.shard_without_source(rules.shards_per_replica);
+  // A rank that holds it may have arrived in a replica not yet whole (its dead
+  // rank's replacement is still starting): then waiting can still give a source.
+  QuorumRecord everyone;
+  for (const auto& entry : found.arrived) everyone.members.push_back(entry.second);
+  const bool holder_here = unsourced >= 0 && everyone.max_step() == proposal.max_step() &&
+                           everyone.source_of(unsourced, rules.shards_per_replica) >= 0;
+  const auto members_key = keys::members(target);
+  if (keeps_newest && unsourced >= 0 && !holder_here && found.missing.empty() && waited_enough) {
+    // Every member of the last quorum is here or dead, a rank left out of it (it
+    // comes to every quorum) had the deadline to arrive, and no rank here holds
+    // that shard: nobody who could give it is coming, and its state is lost.
+    const auto why = fmt::format("cohort: fault tolerance: quorum {} cannot form: no rank holds shard {} of the "
+                                 "newest state (step {}); every rank that held it was lost before its replica was "
+                                 "whole again (Note [Sharding inside a replica])\n  fix: restart the job; it "
+                                 "resumes from its newest checkpoint on disk",
+                                 target, unsourced, proposal.max_step());
+    store.compareSet(members_key, {}, util::to_bytes("!" + why));  // Note [How a quorum forms at scale]
+    return;
+  }
+  if (keeps_newest && unsourced < 0 && (found.missing.empty() || waited_enough)) {
+    proposal.join_requests = store.add(keys::join_requests(), 0);
+    store.compareSet(members_key, {}, util::to_bytes(proposal.encode()));
+  }
+}
+
+}  // namespace
+
 QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& me, const FormRules& rules,
                          const std::function<void()>& on_arrived) {
   throw_if_published_dead(store, me, target);
   const auto members_key = keys::members(target);
-  store.set(keys::arrived(target, me.id), util::to_bytes(fmt::format("{} {}", me.incarnation, me.step)));
+  announce_arrival(store, target, me);
   const auto count_key = keys::quorum(target) + "/count";
-  store.add(count_key, 1);
+  auto count = store.add(count_key, 1);
   if (on_arrived) on_arrived();
   const auto expected = expected_members(store, target, rules.max_replicas);
   // Note [Who may decide]
@@ -178,99 +415,47 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
     return m.id == me.id && m.incarnation == me.incarnation;
   });
   const auto start = Clock::now();
-  std::int64_t seen_count = -1;
-  std::map<int, Member> arrived;
-  auto pause = std::chrono::microseconds(200);
-  while (!store.check({members_key})) {
-    if (store.check({keys::finished()})) {
-      const auto step = std::stoll(util::from_bytes(store.get(keys::finished())));
-      throw TrainingFinished(fmt::format("cohort: fault tolerance: replica {} came to join quorum {}, but training "
-                                         "finished at step {}; there is nothing left to do",
-                                         me.id, target, step),
-                             step);
-    }
-    const auto count = store.add(count_key, 0);
-    if (count != seen_count) {
-      throw_if_published_dead(store, me, target);
-      arrived = read_arrivals(store, target, rules.max_replicas);
-      seen_count = count;
-    }
-    std::vector<int> missing;
-    size_t dead = 0;
-    for (const auto& m : expected) {
-      const bool is_dead = dead_incarnation(store, m.id) >= m.incarnation;
-      dead += is_dead;
-      if (!arrived.count(m.id) && !is_dead) missing.push_back(m.id);
-    }
+  const bool watcher = count == 1;
+  const auto slice = slice_for(rules.max_replicas, watcher);
+  DeathLog deaths;
+  std::string last_claim;
+  for (std::int64_t looks = 0;; ++looks) {
+    // Note [How a quorum forms at scale]
+    deaths.catch_up(store);
+    const auto live_expected = std::count_if(expected.begin(), expected.end(),
+                                             [&](const Member& m) { return !deaths.is_dead(m); });
     const auto waited = Clock::now() - start;
-    const auto whole = whole_replicas(arrived, rules.shards_per_replica);
-    const auto replicas_here = static_cast<int>(whole.size()) / rules.shards_per_replica;
-    const bool enough = replicas_here >= rules.min_replicas;
-    const bool may_decide = was_member || dead == expected.size();
-    // Note [Sharding inside a replica]: never leave out the newest state. A rank that
-    // holds a later step than every whole replica here waits for its replica to be
-    // whole (its missing rank arrives, or dies and is replaced).
-    // And every shard of the proposal has a source at its newest step: a rank of a
-    // shard may arrive late, stuck in a collective with a rank that failed.
-    const bool keeps_newest = top_step(whole) >= top_step(arrived);
-    QuorumRecord proposal;
-    proposal.id = target;
-    for (auto& [id, m] : whole) proposal.members.push_back(m);
-    const int unsourced = proposal.shard_without_source(rules.shards_per_replica);
-    // A rank that holds it may have arrived in a replica not yet whole (its dead
-    // rank's replacement is still starting): then waiting can still give a source.
-    QuorumRecord everyone;
-    for (auto& [id, m] : arrived) everyone.members.push_back(m);
-    const bool holder_here = unsourced >= 0 && everyone.max_step() == proposal.max_step() &&
-                             everyone.source_of(unsourced, rules.shards_per_replica) >= 0;
-    if (may_decide && enough && keeps_newest && unsourced >= 0 && !holder_here && missing.empty() &&
-        waited >= rules.wait_for_expected)
-      // Every member of the last quorum is here or dead, a rank left out of it (it
-      // comes to every quorum) had the deadline to arrive, and no rank here holds
-      // that shard: nobody who could give it is coming, and its state is lost.
-      throw CommError(fmt::format("cohort: fault tolerance: quorum {} cannot form: no rank holds shard {} of the "
-                                  "newest state (step {}); every rank that held it was lost before its replica was "
-                                  "whole again (Note [Sharding inside a replica])\n  fix: restart the job; it "
-                                  "resumes from its newest checkpoint on disk",
-                                  target, unsourced, proposal.max_step()));
-    if (may_decide && enough && keeps_newest && unsourced < 0 &&
-        (missing.empty() || waited >= rules.wait_for_expected)) {
-      proposal.join_requests = store.add(keys::join_requests(), 0);
-      store.compareSet(members_key, {}, util::to_bytes(proposal.encode()));
+    const bool waited_enough = waited >= rules.wait_for_expected;
+    if (count >= live_expected || waited_enough) {
+      const auto claim = fmt::format("{}/look/{}.{}.{}{}", keys::quorum(target), count, deaths.events(),
+                                     waited_enough ? 1 : 0, was_member ? "m" : "j");
+      if (claim != last_claim) {
+        last_claim = claim;
+        if (store.add(claim, 1) == 1)
+          look_and_decide(store, target, expected, was_member, rules, deaths, waited_enough);
+      }
+    }
+    if (looks > 0 ? wait_for_key(store, members_key, slice, std::min<std::chrono::microseconds>(slice, std::chrono::milliseconds(2)))
+                  : store.check({members_key}))
       break;
+    if (!was_member || looks % (watcher ? 64 : 4) == 3) {
+      if (store.check({keys::finished()})) {
+        const auto step = std::stoll(util::from_bytes(store.get(keys::finished())));
+        throw TrainingFinished(fmt::format("cohort: fault tolerance: replica {} came to join quorum {}, but "
+                                           "training finished at step {}; there is nothing left to do",
+                                           me.id, target, step),
+                               step);
+      }
+      throw_if_published_dead(store, me, target);
     }
-    if (waited >= rules.wait_for_expected + rules.below_minimum) {
-      if (!may_decide)
-        throw TimeoutError(
-            fmt::format("cohort: fault tolerance: replica {} waited {:.0f} s to join quorum {}, but no live replica "
-                        "came to take it in (they do at their next step boundary)\n  fix: are the others hung in a "
-                        "step longer than that? raise COHORT_FT_MIN_REPLICAS_TIMEOUT",
-                        me.id, std::chrono::duration<double>(waited).count(), target),
-            "fault-tolerant join", {});
-      std::vector<int> here;
-      for (auto& [id, m] : arrived) here.push_back(id);
-      if (enough && (!keeps_newest || unsourced >= 0))
-        throw TimeoutError(
-            fmt::format("cohort: fault tolerance: quorum {} cannot form after {:.0f} s: ranks [{}] arrived, but the "
-                        "newest state (step {}) of some shard is held only by ranks whose replica of {} is not "
-                        "whole; [{}] are "
-                        "missing (dead or stopped)\n  fix: see why those ranks died (the launcher's log); the job "
-                        "resumes from its newest checkpoint when restarted",
-                        target, std::chrono::duration<double>(waited).count(), fmt::join(here, ", "),
-                        top_step(arrived), rules.shards_per_replica, fmt::join(missing, ", ")),
-            "fault-tolerant quorum", missing);
-      const bool ranks = rules.shards_per_replica > 1;
-      throw TimeoutError(
-          fmt::format("cohort: fault tolerance: quorum {} has {} of the {} {}replicas it needs (--min-replicas) after "
-                      "{:.0f} s: {} [{}] are here, [{}] are missing (dead or stopped)\n  fix: see why those "
-                      "{} died (the launcher's log), or lower --min-replicas",
-                      target, replicas_here, rules.min_replicas, ranks ? "whole " : "",
-                      std::chrono::duration<double>(waited).count(), ranks ? "ranks" : "replicas",
-                      fmt::join(here, ", "), fmt::join(missing, ", "), ranks ? "ranks" : "replicas"),
-          "fault-tolerant quorum", missing);
+    if (Clock::now() - start >= rules.wait_for_expected + rules.below_minimum) {
+      if (store.check({members_key})) break;
+      deaths.catch_up(store);
+      const auto found = scan(store, target, expected, rules.max_replicas, deaths);
+      throw_timed_out(found, target, me, rules, was_member || found.dead == expected.size(),
+                      Clock::now() - start);
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+    count = store.add(count_key, 0);
   }
   auto record = QuorumRecord::decode(target, util::from_bytes(store.get(members_key)));
   store.set(keys::latest(), util::to_bytes(std::to_string(target)));

@@ -93,6 +93,7 @@ namespace keys {
 std::string quorum(std::int64_t id);  // "cohort/ft/q<id>"
 std::string members(std::int64_t id);
 std::string arrived(std::int64_t id, int replica);
+std::string arrivals(std::int64_t id, int bucket);  // Note [Arrivals in buckets]
 std::string dead(int replica);
 std::string latest();
 std::string finished();
@@ -109,6 +110,13 @@ struct FormRules {
   std::chrono::milliseconds wait_for_expected{5000};  // then form without the missing
   std::chrono::milliseconds below_minimum{60000};     // then give up
 };
+
+// Note [Arrivals in buckets] (quorum.cpp): replicas kArrivalsPerBucket * b ..
+// kArrivalsPerBucket * (b + 1) - 1 append their arrival at a quorum to one key.
+inline constexpr int kArrivalsPerBucket = 32;
+
+// Writes `me`'s arrival at quorum `target` (what form_quorum does first).
+void announce_arrival(c10d::Store& store, std::int64_t target, const Member& me);
 
 // The incarnation the launcher reported dead for `replica`, or -1.
 int dead_incarnation(c10d::Store& store, int replica);
