@@ -2,14 +2,26 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+#include <sstream>
 #include <thread>
 
+#include "cohort/store/store_ops.h"
 #include "cohort/util/bytes.h"
 
 namespace cohort::elastic {
 namespace {
 
-constexpr auto kPollEvery = std::chrono::milliseconds(50);
+// Note [Waiting without reading the record]: how often a waiting agent reads the
+// changes counter, with more agents less often (so the store sees about the same
+// load), and how often it reads the whole record regardless.
+Millis poll_every(int max_nodes) { return Millis(std::clamp(max_nodes / 8, 50, 250)); }
+Millis read_anyway(int max_nodes) { return Millis(std::clamp(max_nodes * 5, 1000, 10000)); }
+// Note [Joins folded by any agent]: tickets per key of announced joins, and how long
+// a ticket whose name never came holds the folding up.
+constexpr std::int64_t kJoinsPerBucket = 32;
+constexpr auto kGapGrace = std::chrono::seconds(5);
 
 double seconds_of(Millis m) { return std::chrono::duration<double>(m).count(); }
 
@@ -46,12 +58,16 @@ RendezvousState DynamicRendezvous::update(const std::function<bool(RendezvousSta
   std::vector<std::uint8_t> seen;
   if (store_->check({k})) seen = store_->get(k);
   while (true) {
-    RendezvousState state = seen.empty() ? RendezvousState{} : decode(util::from_bytes(seen));
+    const RendezvousState before = seen.empty() ? RendezvousState{} : decode(util::from_bytes(seen));
+    RendezvousState state = before;
     if (!change(state)) return state;
     auto desired = util::to_bytes(encode(state));
     if (desired == seen) return state;
     auto now_there = store_->compareSet(k, seen, desired);
-    if (now_there == desired) return state;
+    if (now_there == desired) {
+      if (waiters_care(before, state)) store_->add(key("changes"), 1);  // Note [Waiting without reading the record]
+      return state;
+    }
     seen = std::move(now_there);  // somebody else wrote first: decide again on theirs
   }
 }
@@ -73,14 +89,101 @@ bool ranks_are_whole(const RendezvousState& s) {
 }
 }  // namespace
 
+// Note [Joins folded by any agent]
+// Every agent used to write itself into the record with its own compare-and-set.
+// Agents joining together then conflicted: each write of the whole record (O(N)
+// bytes) let one of them in and sent the others back to try again, O(N^2) writes
+// of O(N) bytes for a round of N: 256 agents took 2.2 s and 85 MB, and 512 had no
+// round after the 600 s join timeout and 12.5 GB (docs/scale.md). Now an agent
+// first announces itself, cheaply and without conflicts: a ticket from a counter,
+// and "<ticket> <node>" appended to the ticket's bucket of kJoinsPerBucket. Every
+// write of the record by any agent in next_round() then applies the announced
+// joins not yet applied (tickets joins_folded+1 ..), in ticket order, each as that
+// node's own join would (next_join_action for it), before its own action. So one
+// write takes in every agent that announced since the last, and a round of N
+// costs about N / (agents per write) writes. Ranks still come from the sorted node
+// names, so the order of folding changes nothing. A ticket whose name has not come
+// (its agent died between the two calls) holds the folding for kGapGrace, then is
+// passed over; an agent whose ticket is not yet folded joins by its own action, as
+// before, and a later fold of its ticket finds it there and changes nothing.
+namespace {
+class JoinLog {
+ public:
+  JoinLog(c10d::Store& store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
+
+  std::int64_t announce(const std::string& node) {
+    const auto ticket = store_.add(prefix_ + "joins", 1);
+    store::append_bytes(store_, bucket_key(ticket), util::to_bytes(std::to_string(ticket) + " " + node + "\n"));
+    return ticket;
+  }
+
+  // Applies the announced joins after `s.joins_folded` up to `upto` (Note [Joins
+  // folded by any agent]).
+  void fold(RendezvousState& s, std::int64_t upto, Millis wall, const RendezvousSettings& settings) {
+    for (auto t = s.joins_folded + 1; t <= upto; ++t) {
+      auto it = names_.find(t);
+      if (it == names_.end()) {
+        fetch(t);
+        it = names_.find(t);
+      }
+      if (it == names_.end()) {
+        const auto first = gaps_.emplace(t, steady_now()).first->second;
+        if (steady_now() - first < kGapGrace) return;
+      } else if (!s.closed) {
+        const auto action = next_join_action(s, it->second, wall, false, settings);
+        if (action == JoinAction::kAddToParticipants || action == JoinAction::kAddToWaitList ||
+            action == JoinAction::kTakeSlot)
+          apply(s, action, it->second, wall, settings);
+      }
+      s.joins_folded = t;
+    }
+  }
+
+  std::int64_t announced() { return store_.add(prefix_ + "joins", 0); }
+
+ private:
+  std::string bucket_key(std::int64_t ticket) const {
+    return prefix_ + "joins/" + std::to_string((ticket - 1) / kJoinsPerBucket);
+  }
+  void fetch(std::int64_t ticket) {
+    const auto text = store::look(store_, bucket_key(ticket));
+    if (!text) return;
+    std::istringstream in(util::from_bytes(*text));
+    std::int64_t t = 0;
+    std::string node;
+    while (in >> t >> node) names_[t] = node;
+  }
+
+  c10d::Store& store_;
+  std::string prefix_;
+  std::map<std::int64_t, std::string> names_;
+  std::map<std::int64_t, Millis> gaps_;
+};
+}  // namespace
+
+// Note [Waiting without reading the record]
+// An agent waiting for its round used to read the whole record every 50 ms: at N
+// agents, N reads of O(N) bytes 20 times a second. Now every write that waiting
+// agents must see (waiters_care: the round, its completion, its last call, the
+// wait list, a vacant slot) also adds to a counter, `changes`, and a waiting agent
+// reads that counter, a few bytes, every poll_every(max_nodes); it reads the record
+// when the counter moved, when the round's last call has come, and every
+// read_anyway(max_nodes) in any case (1 s, longer past 200 agents) (a writer that died between its write and its add; a
+// silent node to drop).
 Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
   const Millis deadline = steady_now() + settings_.join_timeout();
+  JoinLog joins(*store_, prefix_);
+  const auto ticket = joins.announce(node_);
+  std::int64_t changes_seen = -1;
   while (true) {
     JoinAction action = JoinAction::kWait;
     bool rejoin = false;
+    const auto announced = std::max(ticket, joins.announced());
+    changes_seen = store_->add(key("changes"), 0);
     const auto state = update([&](RendezvousState& s) {
       const auto mono = steady_now(), wall = wall_now();
       drop_dead_nodes(s, watch_, mono, settings_);
+      joins.fold(s, announced, wall, settings_);
       action = next_join_action(s, node_, wall, mono >= deadline, settings_);
       rejoin = action == JoinAction::kFinish && !ranks_are_whole(s);
       if (rejoin)
@@ -125,10 +228,19 @@ Round DynamicRendezvous::next_round(const std::function<void()>& poll) {
                         seconds_of(settings_.join_timeout()), settings_.min_nodes(), settings_.max_nodes(),
                         state.participants.size(), state.wait_list.size()),
             "rendezvous", {});
-      case JoinAction::kWait:
-        if (poll) poll();
-        std::this_thread::sleep_for(kPollEvery);
+      case JoinAction::kWait: {
+        // Note [Waiting without reading the record]
+        const auto until = steady_now() + read_anyway(settings_.max_nodes());
+        while (true) {
+          if (poll) poll();
+          std::this_thread::sleep_for(poll_every(settings_.max_nodes()));
+          const auto mono = steady_now();
+          if (mono >= until || mono >= deadline) break;
+          if (state.last_call && !state.complete && wall_now() >= *state.last_call) break;
+          if (store_->add(key("changes"), 0) != changes_seen) break;
+        }
         break;
+      }
       default:
         break;  // it changed the record: look again at once
     }

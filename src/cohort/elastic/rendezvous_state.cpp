@@ -136,7 +136,7 @@ bool RendezvousState::operator==(const RendezvousState& o) const {
          participants == o.participants && wait_list == o.wait_list && heartbeats == o.heartbeats &&
          beats == o.beats && restarts == o.restarts && max_restarts == o.max_restarts &&
          min_nodes == o.min_nodes && max_nodes == o.max_nodes && failed_round == o.failed_round && done == o.done &&
-         held == o.held && slots == o.slots;
+         held == o.held && slots == o.slots && joins_folded == o.joins_folded;
 }
 
 const char* to_string(JoinAction action) {
@@ -289,6 +289,12 @@ bool count_failure(RendezvousState& state, std::int64_t round) {
   return true;
 }
 
+bool waiters_care(const RendezvousState& before, const RendezvousState& after) {
+  return before.round != after.round || before.complete != after.complete || before.closed != after.closed ||
+         before.last_call != after.last_call || before.wait_list != after.wait_list ||
+         before.done != after.done || (vacant_slot(after) >= 0 && vacant_slot(before) != vacant_slot(after));
+}
+
 int nodes_waiting(const RendezvousState& state) { return static_cast<int>(state.wait_list.size()); }
 
 std::string encode(const RendezvousState& s) {
@@ -305,7 +311,8 @@ std::string encode(const RendezvousState& s) {
                       {"failed_round", s.failed_round},
                       {"done", s.done},
                       {"held", s.held},
-                      {"slots", s.slots}};
+                      {"slots", s.slots},
+                      {"joins_folded", s.joins_folded}};
   j["last_call"] = s.last_call ? nlohmann::json(s.last_call->count()) : nlohmann::json(nullptr);
   j["heartbeats"] = s.heartbeats;
   return j.dump();
@@ -329,6 +336,7 @@ RendezvousState decode(const std::string& bytes) {
     s.done = j.at("done").get<std::set<std::string>>();
     s.held = j.at("held").get<bool>();
     s.slots = j.at("slots").get<int>();
+    s.joins_folded = j.value("joins_folded", std::int64_t{0});
     if (!j.at("last_call").is_null()) s.last_call = Millis(j.at("last_call").get<std::int64_t>());
     s.heartbeats = j.at("heartbeats").get<std::map<std::string, std::int64_t>>();
     return s;

@@ -122,6 +122,9 @@ struct RendezvousState {
   std::set<std::string> done;  // participants whose workers all exited 0 this round
   bool held = false;  // Note [Held rounds]: the job's, fixed by its first agent
   int slots = 0;      // a complete held round's node ranks (vacant ones included)
+  // Note [Joins folded by any agent] (dynamic_rendezvous.cpp): the announced joins
+  // (tickets 1..joins_folded) already applied to this record.
+  std::int64_t joins_folded = 0;
 
   bool operator==(const RendezvousState& other) const;
 };
@@ -205,6 +208,11 @@ std::string nnodes_text(int min_nodes, int max_nodes);
 // by adopt_max_restarts; none adopted yet allows none), once however many nodes
 // report it. Returns false when the restarts are used up: the caller closes the job.
 bool count_failure(RendezvousState& state, std::int64_t round);
+
+// Whether a change from `before` to `after` is one that agents waiting in
+// next_round() must see at once (Note [Waiting without reading the record]): the
+// round, its completion or closing, its last call, the wait list, a vacant slot.
+bool waiters_care(const RendezvousState& before, const RendezvousState& after);
 
 // The record as stored (JSON). decode throws cohort::DataError on anything else.
 std::string encode(const RendezvousState& state);

@@ -12,6 +12,7 @@
 
 #include "cohort/errors.h"
 #include "cohort/fault_tolerance/store_wait.h"
+#include "cohort/store/store_ops.h"
 #include "cohort/util/bytes.h"
 
 namespace cohort::fault_tolerance {
@@ -112,21 +113,11 @@ std::vector<Member> expected_members(c10d::Store& store, std::int64_t target, in
   return all;
 }
 
-// Note [A look in one call]
-// A scan reads a key per replica (its arrival, its death), and a check() followed
-// by a get() is two round trips for each. compareSet with an expected value that no
-// key ever holds writes nothing and answers with the value when the key is there,
-// or with that expected value when it is not (c10d's rule, kept by cohort's store,
-// TCPStore and HashStore): a look in one round trip, on every store.
-const std::vector<std::uint8_t>& absent() {
-  static const std::vector<std::uint8_t> marker = util::to_bytes("\x01cohort: no such key\x01");
-  return marker;
-}
-
+// Note [A look in one call] (store/store_ops.cpp): one round trip per key.
 std::optional<std::string> look(c10d::Store& store, const std::string& key) {
-  auto value = store.compareSet(key, absent(), absent());
-  if (value == absent()) return std::nullopt;
-  return util::from_bytes(value);
+  auto value = store::look(store, key);
+  if (!value) return std::nullopt;
+  return util::from_bytes(*value);
 }
 
 }  // namespace
@@ -145,17 +136,8 @@ std::optional<std::string> look(c10d::Store& store, const std::string& key) {
 // for the waits that follow one replica's arrival.
 void announce_arrival(c10d::Store& store, std::int64_t target, const Member& me) {
   store.set(keys::arrived(target, me.id), util::to_bytes(fmt::format("{} {}", me.incarnation, me.step)));
-  const auto key = keys::arrivals(target, me.id / kArrivalsPerBucket);
-  const auto entry = util::to_bytes(fmt::format("{} {} {};", me.id, me.incarnation, me.step));
-  std::vector<std::uint8_t> seen;
-  if (auto text = look(store, key)) seen = util::to_bytes(*text);
-  while (true) {
-    auto desired = seen;
-    desired.insert(desired.end(), entry.begin(), entry.end());
-    auto now_there = store.compareSet(key, seen, desired);
-    if (now_there == desired) return;
-    seen = std::move(now_there);
-  }
+  store::append_bytes(store, keys::arrivals(target, me.id / kArrivalsPerBucket),
+                      util::to_bytes(fmt::format("{} {} {};", me.id, me.incarnation, me.step)));
 }
 
 namespace {
