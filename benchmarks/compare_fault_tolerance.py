@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from procs import descendants, free_port, rank_of
+from procs import Job, descendants, free_port, rank_of
 
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -67,56 +67,6 @@ def cohort_run(workers, in_process):
     argv = [cli, "run", "--nproc-per-node", str(workers), "--master-port", str(free_port()), "--max-restarts", "1",
             "--monitor-interval", "0.1"]
     return argv + (["--fault-tolerance", "in-process"] if in_process else [])
-
-
-class Job:
-    """A launcher whose workers' JSON lines are collected by a thread."""
-
-    def __init__(self, argv, env):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, text=True)
-        self.steps = []
-        self.summaries = []
-        self.lines = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            # Workers sharing a pipe may land on one line: take every object.
-            for text in re.findall(r'\{"(?:rank|summary)"[^{}]*\}', line):
-                record = json.loads(text)
-                with self.lock:
-                    (self.summaries if "summary" in record else self.steps).append(record)
-
-    def wait_for(self, what, predicate, limit=120):
-        deadline = time.time() + limit
-        while time.time() < deadline:
-            with self.lock:
-                got = [r for r in self.steps if predicate(r)]
-            if got:
-                return got
-            if self.proc.poll() is not None:
-                time.sleep(0.2)  # the reader's last lines
-                with self.lock:
-                    got = [r for r in self.steps if predicate(r)]
-                if got:
-                    return got
-                break
-            time.sleep(0.005)
-        raise RuntimeError("no %s:\n%s" % (what, "".join(self.lines[-30:])))
-
-    def snapshot(self):
-        with self.lock:
-            return list(self.steps)
-
-    def stop(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
 
 
 def recovery_argv(side, workers, checkpoint):

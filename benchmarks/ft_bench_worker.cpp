@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/comm/environment.h"
 #include "cohort/comm/world.h"
 #include "cohort/ddp/distributed_data_parallel.h"
 #include "cohort/elastic/error_file.h"
@@ -153,7 +154,16 @@ void summary(const Args& args, const Clock& clock, std::int64_t steps, int size,
 
 int train_ft(const Args& args) {
   Training t(args);
-  auto replicas = ft::ReplicaGroup::join();
+  auto options = ft::ReplicaGroupOptions::from_env(cohort::comm::process_environment());
+  if (args.log_steps) {
+    // The phases of a recovery (benchmarks/scale/recovery.py): "arrived q5", "formed q5", ...
+    const int rank = std::stoi(cohort::comm::process_environment().at("RANK"));
+    options.on_event([rank](const std::string& what) {
+      std::printf("{\"event\":\"%s\",\"rank\":%d,\"ms\":%lld}\n", what.c_str(), rank, wall_ms());
+      std::fflush(stdout);
+    });
+  }
+  auto replicas = ft::ReplicaGroup::join(options);
   replicas.on_transfer([&](std::ostream& o) { ft::save_training_state(o, *t.net, &t.optimizer); },
                        [&](std::istream& i) { ft::load_training_state(i, *t.net, &t.optimizer); });
   const int id = replicas.replica_id();

@@ -1,9 +1,16 @@
 """Processes and ports for the benchmarks that kill workers (compare_elastic.py,
-compare_fault_tolerance.py): a free port for an agent, a launcher's descendants,
-and the rank a worker was started with."""
+compare_fault_tolerance.py, scale/recovery.py): a free port for an agent, a
+launcher's descendants, the rank a worker was started with, and a job whose
+workers' JSON lines are collected."""
+import json
 import os
 import random
+import re
+import signal
 import socket
+import subprocess
+import threading
+import time
 
 
 def free_port():
@@ -48,3 +55,57 @@ def rank_of(pid):
     except OSError:
         pass
     return None
+
+
+class Job:
+    """A launcher whose workers' JSON lines are collected by a thread."""
+
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, text=True)
+        self.steps = []
+        self.summaries = []
+        self.events = []  # {"event": "arrived q5", "rank": R, "ms": T}: ft_bench_worker --log-steps
+        self.lines = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            # Workers sharing a pipe may land on one line: take every object.
+            for text in re.findall(r'\{"(?:rank|summary|event)"[^{}]*\}', line):
+                record = json.loads(text)
+                with self.lock:
+                    if "event" in record:
+                        self.events.append(record)
+                    else:
+                        (self.summaries if "summary" in record else self.steps).append(record)
+
+    def wait_for(self, what, predicate, limit=120):
+        deadline = time.time() + limit
+        while time.time() < deadline:
+            with self.lock:
+                got = [r for r in self.steps if predicate(r)]
+            if got:
+                return got
+            if self.proc.poll() is not None:
+                time.sleep(0.2)  # the reader's last lines
+                with self.lock:
+                    got = [r for r in self.steps if predicate(r)]
+                if got:
+                    return got
+                break
+            time.sleep(0.005)
+        raise RuntimeError("no %s:\n%s" % (what, "".join(self.lines[-30:])))
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.steps)
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)

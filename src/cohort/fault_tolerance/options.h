@@ -34,8 +34,9 @@ struct ReplicaGroupOptions {
   // The c10d backend of each quorum's group: "gloo" (CPU tensors) or "auto".
   TORCH_ARG(std::string, backend) = "gloo";
   // Called on the replica's own thread at each phase of forming a quorum, for logs
-  // and for tests that fail a replica at a chosen point: "arrived q<t>", "formed
-  // q<t>", "sending q<t>", "receiving q<t>", "joined q<t>".
+  // and for tests that fail a replica at a chosen point: "arrived q<t>", "decided
+  // q<t>" (its members are known), "formed q<t>", "sending q<t>", "receiving q<t>",
+  // "joined q<t>".
   TORCH_ARG(std::function<void(const std::string&)>, on_event) = nullptr;
   // What every replica must agree on: the settings that shape the run (a replica's
   // share of the batch, the steps, the seed, the optimizer ...), as text. A replica

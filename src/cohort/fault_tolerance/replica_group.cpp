@@ -481,6 +481,7 @@ ReplicaGroup::Outcome ReplicaGroup::try_quorum(std::int64_t target) {
     if (joining) store_->add(keys::join_requests(), 1);
     event("arrived");
   });
+  event("decided");
   const int index = record.index_of(id_);
   if (index < 0) {
     // Note [Joining at a step boundary]: ask the members to take this replica in.
