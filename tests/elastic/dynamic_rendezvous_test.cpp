@@ -7,7 +7,12 @@
 #include <set>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "cohort/elastic/dynamic_rendezvous.h"
+#include "cohort/store/counting_store.h"
+#include "cohort/store/store_client.h"
+#include "cohort/store/store_server.h"
 
 namespace {
 
@@ -200,3 +205,39 @@ TEST(DynamicRendezvous, AClosedJobRefusesNewcomers) {
 }
 
 }  // namespace
+
+// Note [Joins folded by any agent] (dynamic_rendezvous.cpp): 200 agents joining at
+// once write the record far fewer times than they are, and move O(N) bytes each.
+// Each agent writing itself in moved 65 KB per agent here (and 330 KB each for 256
+// agents in benchmarks/scale/control_bench.cpp, 12.5 GB in all for 512); folded,
+// about 22 KB. 50 KB each is allowed, and ranks are still 0..N-1 by sorted name.
+TEST(DynamicRendezvous, TwoHundredAgentsJoiningAtOnceMoveBytesLinearInTheirNumber) {
+  constexpr int n = 200;
+  // Over the real store, each agent a client of its own: in a HashStore the
+  // compare-and-sets hardly ever race, and the old way passes too.
+  const std::string token = "rendezvous-test-token-0123456789abcdef";
+  cohort::store::StoreServer server{cohort::store::StoreServerOptions(token)};
+  std::vector<c10::intrusive_ptr<cohort::store::CountingStore>> views;
+  std::vector<std::future<Round>> futures;
+  for (int i = 0; i < n; ++i) {
+    views.push_back(c10::make_intrusive<cohort::store::CountingStore>(
+        c10::make_intrusive<cohort::store::StoreClient>("127.0.0.1", server.port(), token, std::chrono::seconds(60))));
+    // Waiting agents do not beat: the keep-alive bound must outlast the join.
+    auto settings = quick(n, n).join_timeout(Millis(120'000)).keep_alive_interval(Millis(30'000));
+    futures.push_back(std::async(std::launch::async, [view = views.back(), i, settings] {
+      DynamicRendezvous r(view, "job", fmt::format("node-{:04d}", i), settings);
+      return r.next_round();
+    }));
+  }
+  std::set<int> ranks;
+  for (int i = 0; i < n; ++i) {
+    const auto round = futures[static_cast<size_t>(i)].get();
+    EXPECT_EQ(round.world_size, n);
+    EXPECT_EQ(round.rank, i);
+    ranks.insert(round.rank);
+  }
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(n));
+  std::int64_t bytes = 0;
+  for (const auto& v : views) bytes += v->bytes();
+  EXPECT_LT(bytes / n, 50 * 1024);
+}

@@ -16,7 +16,7 @@ namespace {
 // Note [Waiting without reading the record]: how often a waiting agent reads the
 // changes counter, with more agents less often (so the store sees about the same
 // load), and how often it reads the whole record regardless.
-Millis poll_every(int max_nodes) { return Millis(std::clamp(max_nodes / 8, 50, 250)); }
+Millis poll_every(int max_nodes) { return Millis(std::clamp(max_nodes / 4, 10, 250)); }
 Millis read_anyway(int max_nodes) { return Millis(std::clamp(max_nodes * 5, 1000, 10000)); }
 // Note [Joins folded by any agent]: tickets per key of announced joins, and how long
 // a ticket whose name never came holds the folding up.
