@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "cohort/errors.h"
-#include "cohort/fault_tolerance/store_wait.h"
+#include "cohort/store/store_wait.h"
 #include "cohort/store/store_ops.h"
 #include "cohort/util/bytes.h"
 
@@ -417,7 +417,7 @@ QuorumRecord form_quorum(c10d::Store& store, std::int64_t target, const Member& 
           look_and_decide(store, target, expected, was_member, rules, deaths, waited_enough);
       }
     }
-    if (looks > 0 ? wait_for_key(store, members_key, slice, std::min<std::chrono::microseconds>(slice, std::chrono::milliseconds(2)))
+    if (looks > 0 ? store::wait_for_key(store, members_key, slice, std::min<std::chrono::microseconds>(slice, std::chrono::milliseconds(2)))
                   : store.check({members_key}))
       break;
     if (!was_member || looks % (watcher ? 64 : 4) == 3) {

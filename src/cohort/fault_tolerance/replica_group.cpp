@@ -10,7 +10,7 @@
 
 #include "cohort/comm/rendezvous.h"
 #include "cohort/errors.h"
-#include "cohort/fault_tolerance/store_wait.h"
+#include "cohort/store/store_wait.h"
 #include "cohort/fault_tolerance/transfer.h"
 #include "cohort/fault_tolerance/vote.h"
 #include "cohort/util/bytes.h"
@@ -86,7 +86,7 @@ void run_watcher(WatchState& w, c10d::Store& store) {
     const auto key = keys::event(next);
     try {
       // Note [A wait that runs out over c10d's TCPStore]
-      if (!wait_for_key(store, key, std::chrono::milliseconds(250), std::chrono::milliseconds(10))) {
+      if (!store::wait_for_key(store, key, std::chrono::milliseconds(250), std::chrono::milliseconds(10))) {
         if (store.add(keys::events(), 0) < next) continue;  // not numbered yet
         const auto now = std::chrono::steady_clock::now();
         if (missing_since == std::chrono::steady_clock::time_point::max()) missing_since = now;
@@ -326,7 +326,7 @@ void ReplicaGroup::check_configuration() {
   std::string failure = "it did not";
   try {
     // Note [A wait that runs out over c10d's TCPStore]
-    if (wait_for_key(*store_, key, options_.start_timeout(), std::chrono::milliseconds(50))) failure.clear();
+    if (store::wait_for_key(*store_, key, options_.start_timeout(), std::chrono::milliseconds(50))) failure.clear();
   } catch (const std::exception& e) {
     failure = e.what();
   }

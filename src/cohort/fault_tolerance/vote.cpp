@@ -2,7 +2,7 @@
 
 #include <functional>
 
-#include "cohort/fault_tolerance/store_wait.h"
+#include "cohort/store/store_wait.h"
 #include "cohort/util/bytes.h"
 
 namespace cohort::fault_tolerance {
@@ -52,7 +52,7 @@ VoteResult vote(c10d::Store& store, const std::string& vote, int members, bool o
   if (count == members) return {decide(store, vote, regroup && regroup() ? kCommitAndRegroup : kCommit), false};
   const auto key = decision_key(vote);
   // Note [Waking the waiters]; Note [A wait that runs out over c10d's TCPStore]
-  if (!wait_for_key(store, decided_key(vote), timeout)) {
+  if (!store::wait_for_key(store, decided_key(vote), timeout)) {
     // A member never voted: it is stopped, or died unseen. Note [One decision per vote]
     const auto decided = abort_vote(store, vote);
     return {decided, decided == Decision::kAbort};

@@ -1,4 +1,4 @@
-#include "cohort/fault_tolerance/store_wait.h"
+#include "cohort/store/store_wait.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <thread>
 
-namespace cohort::fault_tolerance {
+namespace cohort::store {
 
 bool is_c10d_tcp_store(c10d::Store& store) {
   c10d::Store* s = &store;
@@ -37,4 +37,4 @@ bool wait_for_key(c10d::Store& store, const std::string& key, std::chrono::milli
   return true;
 }
 
-}  // namespace cohort::fault_tolerance
+}  // namespace cohort::store

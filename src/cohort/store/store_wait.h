@@ -18,7 +18,7 @@
 #include <chrono>
 #include <string>
 
-namespace cohort::fault_tolerance {
+namespace cohort::store {
 
 // Whether `key` was set within `timeout`. Throws what the store throws when it
 // fails (not when the bound runs out).
@@ -28,4 +28,4 @@ bool wait_for_key(c10d::Store& store, const std::string& key, std::chrono::milli
 // Whether `store` is c10d's TCPStore, under any PrefixStores.
 bool is_c10d_tcp_store(c10d::Store& store);
 
-}  // namespace cohort::fault_tolerance
+}  // namespace cohort::store
