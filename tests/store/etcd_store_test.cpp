@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <future>
 #include <thread>
@@ -274,6 +275,27 @@ TEST(EtcdStoreFailover, GoesOnWhenTheFirstMemberIsKilled) {
   auto fresh = make_store(cluster, "failover/");
   EXPECT_EQ(fresh->add("n", 1), 3);
   EXPECT_EQ(fresh->getNumKeys(), 3);
+}
+
+TEST(EtcdStoreFailover, GoesOnWhenTheLeaderIsKilled) {
+  EtcdCluster cluster(3);
+  const int leader = cluster.leader();
+  ASSERT_GE(leader, 0) << "no member says it leads";
+  // Its requests start with the leader: a write sent to a follower just as the
+  // leader dies is held until request_timeout, then served by the next member.
+  auto endpoints = cluster.endpoints();
+  std::rotate(endpoints.begin(), endpoints.begin() + leader, endpoints.end());
+  auto s = c10::make_intrusive<EtcdStore>(
+      EtcdStoreOptions(endpoints).prefix("leader/").request_timeout(2s).failover_timeout(20s));
+  EXPECT_EQ(s->add("n", 1), 1);
+  cluster.kill(leader);
+  std::vector<std::future<void>> writers;
+  for (int t = 0; t < 4; ++t)
+    writers.push_back(std::async(std::launch::async, [&] {
+      for (int i = 0; i < 5; ++i) s->add("n", 1);
+    }));
+  for (auto& w : writers) w.get();
+  EXPECT_EQ(from_bytes(s->get("n")), "21");
 }
 
 TEST(EtcdStoreFailover, LosingTheQuorumIsACommErrorNamingEtcd) {

@@ -126,6 +126,27 @@ std::vector<std::string> EtcdCluster::endpoints() const {
 
 std::string EtcdCluster::endpoint_list() const { return join(endpoints(), ","); }
 
+int EtcdCluster::leader() const {
+  // One line per member: "ENDPOINT, ID, VERSION, DB SIZE, IS LEADER, IS LEARNER, ...".
+  const auto status = etcdctl({"endpoint", "status"});
+  std::stringstream lines(status.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> fields;
+    std::stringstream in(line);
+    for (std::string f; std::getline(in, f, ',');) {
+      const auto start = f.find_first_not_of(' ');
+      fields.push_back(start == std::string::npos ? "" : f.substr(start));
+    }
+    if (fields.size() < 5 || fields[4] != "true") continue;
+    for (std::size_t i = 0; i < client_ports_.size(); ++i)
+      if (fields[0].size() >= std::to_string(client_ports_[i]).size() + 1 &&
+          fields[0].compare(fields[0].size() - std::to_string(client_ports_[i]).size() - 1, std::string::npos,
+                            ":" + std::to_string(client_ports_[i])) == 0)
+        return static_cast<int>(i);
+  }
+  return -1;
+}
+
 void EtcdCluster::kill(int member) { members_.at(member).reset(); }
 
 ProcessResult EtcdCluster::etcdctl(const std::vector<std::string>& args) const {

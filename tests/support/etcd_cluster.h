@@ -46,6 +46,9 @@ class EtcdCluster {
   std::vector<std::string> endpoints() const;
   // The same, comma-separated, as --rdzv-endpoint takes them.
   std::string endpoint_list() const;
+  // The member that is the raft leader now (etcdctl endpoint status), -1 when none
+  // of the running members says it is.
+  int leader() const;
   // SIGKILL the member and reap it.
   void kill(int member);
   // Runs etcdctl (API v3) against every member still running; returns its result.

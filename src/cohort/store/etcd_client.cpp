@@ -141,7 +141,7 @@ EtcdClient::Attempt EtcdClient::attempt(std::size_t member, const std::string& p
   if (rc != CURLE_OK) {
     a.why = rc == CURLE_OPERATION_TIMEDOUT
                 ? fmt::format("no reply within {:.1f} s", seconds(request_timeout))
-                : fmt::format("{}{}{}", curl_easy_strerror(rc), error[0] ? ": " : "", error);
+                : std::string(error[0] ? error : curl_easy_strerror(rc));
     return a;
   }
   long status = 0;

@@ -31,8 +31,8 @@ namespace cohort::store {
 // cluster has lost its quorum no member can commit anything, and the call ends
 // with a CommError that names etcd, every member tried and what each said. A
 // write whose reply was lost may have been applied; it is sent again to the next
-// member, which is harmless for put and delete and is guarded by the transaction's
-// compare for the read-modify-writes of EtcdStore.
+// member, which is harmless for put and delete (Note [Read-modify-write in etcd]
+// says what it means for add).
 class EtcdClient {
  public:
   // Throws ConfigError when the options cannot work (validate in etcd_options.h).

@@ -29,8 +29,11 @@ struct EtcdStoreOptions {
   TORCH_ARG(std::string, prefix) = "cohort/";
   // c10d's store timeout: how long get(), wait() and multiGet() wait for keys.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
-  // The longest one HTTP request to one member may take, connection included.
-  TORCH_ARG(std::chrono::milliseconds, request_timeout) = std::chrono::seconds(10);
+  // The longest one HTTP request to one member may take, connection included
+  // (etcdctl's --command-timeout is 5 s too). A member that was sent a write just as
+  // the leader died holds it until this runs out (etcd itself gives up after 7 s),
+  // and then the next member is tried (Note [Members in turn]).
+  TORCH_ARG(std::chrono::milliseconds, request_timeout) = std::chrono::seconds(5);
   // The longest a connection to one member may take to open: a member whose host
   // is down costs this much before the next one is tried.
   TORCH_ARG(std::chrono::milliseconds, connect_timeout) = std::chrono::seconds(2);

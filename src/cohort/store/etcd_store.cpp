@@ -12,6 +12,7 @@
 #include "cohort/errors.h"
 #include "cohort/store/base64.h"
 #include "cohort/store/etcd_client_internal.h"
+#include "cohort/store/etcd_kv_internal.h"
 
 namespace cohort::store {
 namespace {
@@ -21,9 +22,6 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-// etcd's default --max-txn-ops: a transaction holds at most this many operations.
-constexpr std::size_t kMaxTxnOps = 128;
-
 double seconds(milliseconds t) { return std::chrono::duration<double>(t).count(); }
 
 std::string quoted(const std::vector<std::string>& keys) {
@@ -32,41 +30,6 @@ std::string quoted(const std::vector<std::string>& keys) {
   auto out = fmt::format("{}", fmt::join(shown, ", "));
   if (keys.size() > shown.size()) out += fmt::format(" and {} more", keys.size() - shown.size());
   return out;
-}
-
-// etcd's int64 fields arrive as JSON strings, and are left out when zero.
-std::int64_t number(const json& j, const char* field) {
-  auto it = j.find(field);
-  if (it == j.end()) return 0;
-  if (it->is_number_integer()) return it->get<std::int64_t>();
-  if (it->is_string()) return std::stoll(it->get<std::string>());
-  return 0;
-}
-
-// The range end that makes a range request cover every key starting with
-// `prefix`: the prefix with its last byte below 0xff incremented.
-std::string prefix_end(std::string prefix) {
-  while (!prefix.empty()) {
-    auto& last = reinterpret_cast<unsigned char&>(prefix.back());
-    if (last < 0xff) {
-      ++last;
-      return prefix;
-    }
-    prefix.pop_back();
-  }
-  return std::string(1, '\0');  // every key
-}
-
-json put_op(const std::string& key64, const Bytes& value) {
-  return {{"request_put", {{"key", key64}, {"value", base64_encode(value)}}}};
-}
-
-// The value of one of etcd's key-value records; an empty value is left out.
-Bytes value_of(const json& kv) {
-  auto text = kv.value("value", std::string());
-  auto bytes = base64_decode(text);
-  if (!bytes) throw CommError("cohort: etcd sent a value that is not base64; is this endpoint etcd?");
-  return std::move(*bytes);
 }
 
 // Calls `done` until it holds or `timeout` has passed, waiting 1 ms, then twice as
@@ -84,11 +47,6 @@ bool poll(milliseconds timeout, const std::function<bool()>& done) {
 }
 
 }  // namespace
-
-struct EtcdStore::Entry {
-  Bytes value;
-  std::int64_t mod_revision = 0;
-};
 
 EtcdStore::EtcdStore(EtcdStoreOptions options)
     : c10d::Store(options.timeout()), client_(std::make_unique<EtcdClient>(std::move(options))) {}
@@ -109,53 +67,6 @@ void EtcdStore::setTimeout(const milliseconds& timeout) {
   timeout_ = timeout;
 }
 
-namespace {
-
-std::string key64(const EtcdClient& client, const std::string& key) {
-  return base64_encode(client.options().prefix() + key);
-}
-
-// The keys' records, nullopt for those that do not exist; `values` false asks only
-// whether they exist (the records then hold no value). One transaction per
-// kMaxTxnOps keys, each a consistent snapshot.
-std::vector<std::optional<Bytes>> fetch(EtcdClient& client, const std::vector<std::string>& keys, bool values,
-                                        const std::string& what) {
-  std::vector<std::optional<Bytes>> out;
-  for (std::size_t start = 0; start < keys.size(); start += kMaxTxnOps) {
-    const auto end = std::min(keys.size(), start + kMaxTxnOps);
-    json ops = json::array();
-    for (std::size_t i = start; i < end; ++i) {
-      json range = {{"key", key64(client, keys[i])}};
-      if (!values) range["count_only"] = true;
-      ops.push_back({{"request_range", range}});
-    }
-    auto reply = client.call("/v3/kv/txn", {{"success", ops}}, what);
-    const auto responses = reply.value("responses", json::array());
-    if (responses.size() != end - start)
-      throw CommError(fmt::format("cohort: etcd answered the {} with {} results for {} keys", what,
-                                  responses.size(), end - start));
-    for (const auto& r : responses) {
-      const auto range = r.value("response_range", json::object());
-      if (number(range, "count") == 0) {
-        out.emplace_back();
-      } else {
-        const auto kvs = range.value("kvs", json::array());
-        out.emplace_back(values && !kvs.empty() ? value_of(kvs[0]) : Bytes{});
-      }
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-std::unique_ptr<EtcdStore::Entry> EtcdStore::read(const std::string& key, const std::string& what) {
-  auto reply = client_->call("/v3/kv/range", {{"key", key64(*client_, key)}}, what);
-  const auto kvs = reply.value("kvs", json::array());
-  if (kvs.empty()) return nullptr;
-  return std::make_unique<Entry>(Entry{value_of(kvs[0]), number(kvs[0], "mod_revision")});
-}
-
 void EtcdStore::throw_timeout(const char* what, const std::vector<std::string>& keys, milliseconds timeout) const {
   throw TimeoutError(
       fmt::format("cohort: store {} timed out after {:.1f} s waiting for key{} {} under prefix '{}' in etcd {}\n  "
@@ -165,54 +76,6 @@ void EtcdStore::throw_timeout(const char* what, const std::vector<std::string>& 
                   client_->members(), keys.size() == 1 ? "it" : "them"),
       std::string("store ") + what, {});
 }
-
-// Note [Read-modify-write in etcd]
-// etcd has no add, append or compare-and-swap of c10d's kind, so these read the
-// key, work out its new value, and write it in a transaction whose compare is the
-// key's mod_revision as read (0: the key does not exist). When another writer got
-// there first the compare fails, the transaction's failure branch returns the key
-// as it is now, and the step is tried again on that: so each add is applied once,
-// atomically, however many threads and hosts add to one counter. One exception is
-// etcd's and any client's: a transaction committed by a member that dies before it
-// answers is retried on the next member and applied again, so a counter may gain
-// one add more when a member dies in that instant.
-namespace {
-
-// Applies `decide` to the key's value (nullopt: no such key) until its answer is
-// written unchanged-since-read; returns the value after and whether it was written.
-// `decide` returning nullopt writes nothing.
-std::pair<std::optional<Bytes>, bool> read_modify_write(
-    EtcdClient& client, const std::string& key, const std::string& what, milliseconds bound,
-    const std::function<std::optional<Bytes>(const std::optional<Bytes>&)>& decide) {
-  const auto k = key64(client, key);
-  auto reply = client.call("/v3/kv/range", {{"key", k}}, what);
-  auto kvs = reply.value("kvs", json::array());
-  const auto deadline = Clock::now() + bound;
-  for (int tries = 1;; ++tries) {
-    std::optional<Bytes> current;
-    std::int64_t revision = 0;
-    if (!kvs.empty()) {
-      current = value_of(kvs[0]);
-      revision = number(kvs[0], "mod_revision");
-    }
-    auto next = decide(current);
-    if (!next) return {current, false};
-    json txn = {{"compare", json::array({{{"key", k}, {"target", "MOD"}, {"result", "EQUAL"},
-                                          {"mod_revision", std::to_string(revision)}}})},
-                {"success", json::array({put_op(k, *next)})},
-                {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
-    reply = client.call("/v3/kv/txn", txn, what);
-    if (reply.value("succeeded", false)) return {std::move(next), true};
-    if (Clock::now() >= deadline)
-      throw CommError(fmt::format("cohort: etcd: the {} lost the race to other writers {} times in {:.1f} s",
-                                  what, tries, seconds(bound)));
-    const auto responses = reply.value("responses", json::array());
-    kvs = responses.empty() ? json::array()
-                            : responses[0].value("response_range", json::object()).value("kvs", json::array());
-  }
-}
-
-}  // namespace
 
 void EtcdStore::set(const std::string& key, const Bytes& value) {
   client_->call("/v3/kv/put", {{"key", key64(*client_, key)}, {"value", base64_encode(value)}},

@@ -74,11 +74,6 @@ class EtcdStore : public c10d::Store {
   const EtcdStoreOptions& options() const;
 
  private:
-  struct Entry;
-  // The key's value and revision, nullopt when it does not exist.
-  std::unique_ptr<Entry> read(const std::string& key, const std::string& what);
-  // Which of `keys` exist, in one consistent read.
-  std::vector<bool> present(const std::vector<std::string>& keys, const std::string& what);
   // Polls until every key exists or `timeout` runs out (TimeoutError naming `what`).
   void wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout, const char* what);
   [[noreturn]] void throw_timeout(const char* what, const std::vector<std::string>& keys,
