@@ -20,6 +20,7 @@
 #include "cohort/store/base64.h"
 #include "cohort/util/bytes.h"
 #include "support/etcd_cluster.h"
+#include "support/test_pki.h"
 
 namespace {
 
@@ -363,6 +364,44 @@ TEST(EtcdStoreAuth, WrongPasswordIsAConfigErrorAndTheRightOneWorks) {
   good.set("k", to_bytes("v"));
   EXPECT_EQ(from_bytes(good.get("k")), "v");
   EXPECT_EQ(good.add("n", 2), 2);
+}
+
+TEST(EtcdStoreTls, MutualTlsWorksAndCertificateTroubleIsAConfigError) {
+  cohort::testing::TestPki pki;
+  const auto server = pki.issue_with_alt_name("127.0.0.1");
+  const auto client = pki.issue_with_alt_name("etcd-client");
+  cohort::testing::EtcdClusterOptions o;
+  o.members = 1;
+  o.extra_flags = {"--cert-file=" + server.cert_file, "--key-file=" + server.key_file,
+                   "--trusted-ca-file=" + pki.ca_file(), "--client-cert-auth"};
+  o.tls_client = client;
+  EtcdCluster cluster(o);
+  // Without a scheme, an endpoint is https:// when a CA is given.
+  std::vector<std::string> bare;
+  for (auto e : cluster.endpoints()) bare.push_back(e.substr(std::string("https://").size()));
+  auto options = EtcdStoreOptions(bare).prefix("tls/").failover_timeout(2s);
+  EtcdStore good(EtcdStoreOptions(options).certificates(client));
+  good.set("k", to_bytes("v"));
+  EXPECT_EQ(from_bytes(good.get("k")), "v");
+  auto refused = [&](const cohort::store::Certificates& c, const char* why) {
+    try {
+      EtcdStore(EtcdStoreOptions(options).certificates(c)).set("k", to_bytes("v"));
+      ADD_FAILURE() << "etcd's TLS accepted " << why;
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_TRUE(has(e.what(), "TLS")) << why << ": " << e.what();
+      EXPECT_TRUE(has(e.what(), "etcd")) << why << ": " << e.what();
+    }
+  };
+  refused({pki.ca_file(), "", ""}, "a client without a certificate");
+  cohort::testing::TestPki other("another-ca");
+  refused({other.ca_file(), client.cert_file, client.key_file}, "a member whose CA the client does not trust");
+  // http:// to a member that speaks https only.
+  try {
+    EtcdStore(EtcdStoreOptions({"http://" + bare[0]}).prefix("tls/").failover_timeout(1s)).set("k", to_bytes("v"));
+    ADD_FAILURE() << "plain http reached a TLS member";
+  } catch (const cohort::Error& e) {
+    EXPECT_TRUE(has(e.what(), "etcd")) << e.what();
+  }
 }
 
 }  // namespace

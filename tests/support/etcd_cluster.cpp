@@ -68,7 +68,7 @@ bool EtcdCluster::start(Clock::time_point deadline) {
     client_ports_.push_back(free_port());
     peer_ports.push_back(free_port());
   }
-  const std::string scheme = options_.tls ? "https://" : "http://";
+  const std::string scheme = tls() ? "https://" : "http://";
   std::vector<std::string> initial;
   for (int i = 0; i < n; ++i)
     initial.push_back("m" + std::to_string(i) + "=http://127.0.0.1:" + std::to_string(peer_ports[i]));
@@ -97,11 +97,9 @@ bool EtcdCluster::start(Clock::time_point deadline) {
   // Ready when every member serves a linearizable read (so it has a leader), each
   // asked on its own; a member that exits (its port taken) fails this start.
   for (int i = 0; i < n; ++i) {
-    store::Certificates tls;
-    tls.ca_file = options_.ca_file;
     auto probe = store::EtcdStore(store::EtcdStoreOptions({scheme + "127.0.0.1:" + std::to_string(client_ports_[i])})
                                       .prefix("cohort-test-probe/")
-                                      .certificates(tls)
+                                      .certificates(options_.tls_client)
                                       .request_timeout(1s)
                                       .failover_timeout(1s));
     while (true) {
@@ -120,7 +118,7 @@ bool EtcdCluster::start(Clock::time_point deadline) {
 
 std::vector<std::string> EtcdCluster::endpoints() const {
   std::vector<std::string> out;
-  for (int p : client_ports_) out.push_back("127.0.0.1:" + std::to_string(p));
+  for (int p : client_ports_) out.push_back((tls() ? "https://127.0.0.1:" : "127.0.0.1:") + std::to_string(p));
   return out;
 }
 
@@ -152,10 +150,13 @@ void EtcdCluster::kill(int member) { members_.at(member).reset(); }
 ProcessResult EtcdCluster::etcdctl(const std::vector<std::string>& args) const {
   std::vector<std::string> live;
   for (std::size_t i = 0; i < members_.size(); ++i)
-    if (members_[i]) live.push_back((options_.tls ? "https://127.0.0.1:" : "http://127.0.0.1:") +
+    if (members_[i]) live.push_back((tls() ? "https://127.0.0.1:" : "http://127.0.0.1:") +
                                     std::to_string(client_ports_[i]));
   std::vector<std::string> argv{program("etcdctl"), "--endpoints=" + join(live, ",")};
-  if (!options_.ca_file.empty()) argv.push_back("--cacert=" + options_.ca_file);
+  const auto& c = options_.tls_client;
+  if (!c.ca_file.empty()) argv.push_back("--cacert=" + c.ca_file);
+  if (!c.cert_file.empty()) argv.push_back("--cert=" + c.cert_file);
+  if (!c.key_file.empty()) argv.push_back("--key=" + c.key_file);
   argv.insert(argv.end(), args.begin(), args.end());
   return run_process(argv, 30s, {{"ETCDCTL_API", "3"}});
 }

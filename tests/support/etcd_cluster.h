@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/store/certificates.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -23,12 +24,11 @@ namespace cohort::testing {
 
 struct EtcdClusterOptions {
   int members = 3;
-  // Given to every member: --client-cert-auth, --cert-file ... for TLS.
+  // Given to every member (--cert-file, --client-cert-auth, ... for TLS).
   std::vector<std::string> extra_flags;
-  // The members' client URLs are https:// (extra_flags must then carry the certificates).
-  bool tls = false;
-  // The CA file for the readiness probe when `tls`.
-  std::string ca_file;
+  // With a CA: the members' client URLs are https:// (extra_flags must then give
+  // them their certificates), and the readiness probe and etcdctl use these.
+  store::Certificates tls_client;
 };
 
 class EtcdCluster {
@@ -37,12 +37,12 @@ class EtcdCluster {
   // (within 60 s; a start that loses a port to another process is retried on new
   // ports). Throws std::runtime_error, with the members' logs, when it cannot.
   explicit EtcdCluster(EtcdClusterOptions options = {});
-  explicit EtcdCluster(int members) : EtcdCluster(EtcdClusterOptions{members, {}, false, {}}) {}
+  explicit EtcdCluster(int members) : EtcdCluster(EtcdClusterOptions{members, {}, {}}) {}
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
-  // "127.0.0.1:<port>" of each member's client URL, in member order.
+  // "127.0.0.1:<port>" of each member's client URL, in member order (https://... with TLS).
   std::vector<std::string> endpoints() const;
   // The same, comma-separated, as --rdzv-endpoint takes them.
   std::string endpoint_list() const;
@@ -62,6 +62,7 @@ class EtcdCluster {
 
  private:
   bool start(std::chrono::steady_clock::time_point deadline);
+  bool tls() const { return !options_.tls_client.ca_file.empty(); }
   void stop_all();
 
   EtcdClusterOptions options_;

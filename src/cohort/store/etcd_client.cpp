@@ -59,6 +59,7 @@ struct EtcdClient::Attempt {
   nlohmann::json reply;
   std::string why;  // what the member said, for messages
   int code = 0;     // gRPC's status code of an error reply
+  bool tls = false;  // no TLS session: certificates, or a scheme the member does not speak
 };
 
 EtcdClient::EtcdClient(EtcdStoreOptions options) : options_(std::move(options)) {
@@ -139,6 +140,11 @@ EtcdClient::Attempt EtcdClient::attempt(std::size_t member, const std::string& p
 
   const CURLcode rc = curl_easy_perform(h);
   if (rc != CURLE_OK) {
+    a.tls = rc == CURLE_SSL_CONNECT_ERROR || rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CERTPROBLEM ||
+            rc == CURLE_SSL_CACERT_BADFILE || rc == CURLE_SSL_ISSUER_ERROR || rc == CURLE_SSL_CIPHER ||
+            // TLS 1.3: a member that refuses this client's certificate says so
+            // with an alert after the handshake, on the first read.
+            ((rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) && contains(error, "SSL") && contains(error, "alert"));
     a.why = rc == CURLE_OPERATION_TIMEDOUT
                 ? fmt::format("no reply within {:.1f} s", seconds(request_timeout))
                 : std::string(error[0] ? error : curl_easy_strerror(rc));
@@ -177,7 +183,8 @@ std::string EtcdClient::token(const std::string& stale, const std::string& what,
   token_.clear();
   const auto body =
       nlohmann::json{{"name", options_.user()}, {"password", options_.password()}}.dump();
-  std::vector<std::string> said(urls_.size());
+  std::vector<Said> said(urls_.size());
+  const auto start = Clock::now();
   auto backoff = milliseconds(50);
   while (true) {
     const auto first = preferred_.load();
@@ -199,20 +206,38 @@ std::string EtcdClient::token(const std::string& stale, const std::string& what,
             "password given to cohort (etcdctl user get {} shows the user)",
             options_.user(), options_.endpoints()[m], what, a.why, options_.user()));
       }
-      said[m] = a.why;
+      if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
     }
+    // Note [TLS failures are the configuration's]: no point in going round again.
+    if (std::all_of(said.begin(), said.end(), [](const Said& x) { return x.tls; })) break;
     if (Clock::now() + backoff >= deadline) break;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, milliseconds(1000));
   }
+  fail_all(fmt::format("authentication of user '{}' (for {})", options_.user(), what), said, start);
+}
+
+void EtcdClient::fail_all(const std::string& what, const std::vector<Said>& said, Clock::time_point start) const {
   std::vector<std::string> each;
-  for (std::size_t m = 0; m < urls_.size(); ++m) each.push_back(options_.endpoints()[m] + ": " + said[m]);
+  bool all_tls = true;
+  for (std::size_t m = 0; m < urls_.size(); ++m) {
+    each.push_back(options_.endpoints()[m] + ": " + said[m].why);
+    all_tls = all_tls && said[m].tls;
+  }
+  // Note [TLS failures are the configuration's]: a member that refuses this
+  // client's TLS, or whose certificate the CA does not vouch for, is a
+  // misconfiguration when every member does it, not a lost quorum.
+  if (all_tls)
+    throw ConfigError(fmt::format(
+        "cohort: etcd: no member of {} would make a TLS session for the {}: {}\n  fix: check the etcd store's CA, "
+        "client certificate and key, and that the endpoints' scheme (http:// or https://) is the members' own",
+        members(), what, fmt::join(each, "; ")));
   throw CommError(fmt::format(
-      "cohort: etcd: no member of {} answered the authentication of user '{}' (for {}) within {:.1f} s; {}\n  "
-      "the etcd cluster has most likely lost its quorum (a majority of its members down or cut off), or none "
-      "of these members is running\n  fix: check the members (etcdctl endpoint health --cluster) and bring "
-      "a majority back",
-      members(), options_.user(), what, seconds(options_.failover_timeout()), fmt::join(each, "; ")));
+      "cohort: etcd: no member of {} could serve the {} within {:.1f} s; {}\n  the etcd cluster has most likely "
+      "lost its quorum (a majority of its members down or cut off), or none of these members is running\n  "
+      "fix: check the members (etcdctl endpoint health --cluster) and bring a majority back; the job's store "
+      "cannot work without etcd's quorum",
+      members(), what, seconds(Clock::now() - start), fmt::join(each, "; ")));
 }
 
 nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& request, const std::string& what) {
@@ -221,7 +246,7 @@ nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& r
   const auto body = request.dump();
   auto token = this->token("", what, deadline);
   int authentications = 0;
-  std::vector<std::string> said(urls_.size(), "not tried before the deadline");
+  std::vector<Said> said(urls_.size());
   auto backoff = milliseconds(50);
   while (true) {
     const auto first = preferred_.load();
@@ -233,7 +258,7 @@ nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& r
           preferred_ = m;
           return std::move(a.reply);
         case Attempt::Kind::kUnavailable:
-          said[m] = a.why;
+          if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
           continue;
         case Attempt::Kind::kUnauthenticated:
           // Tokens expire (etcd's --auth-token-ttl, 5 min) or die with the member
@@ -262,18 +287,13 @@ nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& r
                                       at, what, a.why));
       throw CommError(fmt::format("cohort: etcd at {} refused the {}: {}", at, what, a.why));
     }
+    // Note [TLS failures are the configuration's]: no point in going round again.
+    if (std::all_of(said.begin(), said.end(), [](const Said& x) { return x.tls; })) break;
     if (Clock::now() + backoff >= deadline) break;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, milliseconds(1000));
   }
-  std::vector<std::string> each;
-  for (std::size_t m = 0; m < urls_.size(); ++m) each.push_back(options_.endpoints()[m] + ": " + said[m]);
-  throw CommError(fmt::format(
-      "cohort: etcd: no member of {} could serve the {} within {:.1f} s; {}\n  the etcd cluster has most likely "
-      "lost its quorum (a majority of its members down or cut off), or none of these members is running\n  "
-      "fix: check the members (etcdctl endpoint health --cluster) and bring a majority back; the job's store "
-      "cannot work without etcd's quorum",
-      members(), what, seconds(Clock::now() - start), fmt::join(each, "; ")));
+  fail_all(what, said, start);
 }
 
 }  // namespace cohort::store

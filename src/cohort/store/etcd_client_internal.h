@@ -53,11 +53,19 @@ class EtcdClient {
 
  private:
   struct Attempt;
+  struct Said {
+    std::string why = "not tried before the deadline";
+    bool tls = false;
+  };
   Attempt attempt(std::size_t member, const std::string& path, const std::string& body, const std::string& token,
                   std::chrono::steady_clock::time_point deadline);
   // The token to send; authenticates first when a user is set and none is held, or
   // when `stale` is the token etcd just refused.
   std::string token(const std::string& stale, const std::string& what, std::chrono::steady_clock::time_point deadline);
+  // Throws the error for a call that no member served: CommError naming etcd, the
+  // members and what each said, or ConfigError when each failed at TLS.
+  [[noreturn]] void fail_all(const std::string& what, const std::vector<Said>& said,
+                             std::chrono::steady_clock::time_point start) const;
   void* take_handle();
   void give_handle(void* handle);
 
