@@ -43,18 +43,29 @@ c10::intrusive_ptr<EtcdStore> make_store(const EtcdCluster& cluster, const std::
 // One cluster for the semantic tests, each test under a prefix of its own.
 class EtcdStoreTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { cluster_ = new EtcdCluster(3); }
+  // A cluster that cannot start (etcd not installed) fails every test of the suite,
+  // with the reason, rather than skipping them.
+  static void SetUpTestSuite() {
+    try {
+      cluster_ = new EtcdCluster(3);
+    } catch (const std::exception& e) {
+      why_not_ = e.what();
+    }
+  }
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
   }
+  void SetUp() override { ASSERT_NE(cluster_, nullptr) << why_not_; }
   c10::intrusive_ptr<EtcdStore> store(std::chrono::milliseconds timeout = 10s) {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     return make_store(*cluster_, std::string("test/") + info->name() + "/", timeout);
   }
   static EtcdCluster* cluster_;
+  static std::string why_not_;
 };
 EtcdCluster* EtcdStoreTest::cluster_ = nullptr;
+std::string EtcdStoreTest::why_not_;
 
 TEST(EtcdStoreBase64, RoundTripsEveryLength) {
   for (std::size_t n = 0; n < 20; ++n) {
