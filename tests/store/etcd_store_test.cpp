@@ -109,7 +109,7 @@ TEST_F(EtcdStoreTest, SetGetAndBinaryValues) {
   for (int i = 0; i < 256; ++i) all[i] = static_cast<std::uint8_t>(i);
   s->set("binary", all);
   EXPECT_EQ(s->get("binary"), all);
-  s->set("empty", {});
+  s->set("empty", std::vector<std::uint8_t>{});
   EXPECT_TRUE(s->get("empty").empty());
   EXPECT_TRUE(s->check({"empty"}));
 }
@@ -184,7 +184,7 @@ TEST_F(EtcdStoreTest, CompareSetHasTcpStoreSemantics) {
   EXPECT_EQ(from_bytes(s->compareSet("k", to_bytes("first"), to_bytes("third"))), "second");
   EXPECT_EQ(from_bytes(s->get("k")), "second");
   // A present empty value equals an empty expected one.
-  s->set("e", {});
+  s->set("e", std::vector<std::uint8_t>{});
   EXPECT_EQ(from_bytes(s->compareSet("e", {}, to_bytes("z"))), "z");
 }
 
