@@ -375,6 +375,14 @@ TEST(EtcdStoreAuth, WrongPasswordIsAConfigErrorAndTheRightOneWorks) {
   good.set("k", to_bytes("v"));
   EXPECT_EQ(from_bytes(good.get("k")), "v");
   EXPECT_EQ(good.add("n", 2), 2);
+  // Turning auth off and on again drops every token etcd gave out: the store's next
+  // request is refused as "invalid auth token", and it authenticates again.
+  for (std::vector<std::string> args : {std::vector<std::string>{"--user=root:pw", "auth", "disable"},
+                                        std::vector<std::string>{"auth", "enable"}}) {
+    auto r = cluster.etcdctl(args);
+    ASSERT_EQ(r.exit_code, 0) << "etcdctl " << args.back() << ": " << r.out << r.err;
+  }
+  EXPECT_EQ(good.add("n", 1), 3);
 }
 
 TEST(EtcdStoreTls, MutualTlsWorksAndCertificateTroubleIsAConfigError) {
