@@ -63,6 +63,9 @@ std::string EtcdClient::token(const std::string& stale, const std::string& what,
   while (true) {
     const auto first = preferred_.load();
     for (std::size_t i = 0; i < urls_.size(); ++i) {
+      // Past the deadline the rest of the round is not tried; they keep what they
+      // said last round.
+      if (i > 0 && Clock::now() >= deadline) break;
       const auto m = (first + i) % urls_.size();
       auto a = attempt(m, "/v3/auth/authenticate", body, "", deadline);
       if (a.kind == Attempt::Kind::kOk) {
@@ -125,6 +128,9 @@ nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& r
   while (true) {
     const auto first = preferred_.load();
     for (std::size_t i = 0; i < urls_.size(); ++i) {
+      // Past the deadline the rest of the round is not tried; they keep what they
+      // said last round.
+      if (i > 0 && Clock::now() >= deadline) break;
       const auto m = (first + i) % urls_.size();
       auto a = attempt(m, path, body, token, deadline);
       switch (a.kind) {
