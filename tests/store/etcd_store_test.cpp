@@ -99,6 +99,29 @@ TEST(EtcdStoreOptions, BadOptionsAreConfigErrors) {
   EXPECT_THROW(cohort::store::parse_etcd_endpoints("a:99999"), cohort::ConfigError);
 }
 
+TEST(EtcdStoreOptions, ForARunFromTorchrunsNames) {
+  using cohort::store::etcd_options_for_run;
+  auto plain = etcd_options_for_run("a:2379,b:2379", "job7", {}, {});
+  EXPECT_EQ(plain.endpoints(), (std::vector<std::string>{"a:2379", "b:2379"}));
+  EXPECT_EQ(plain.prefix(), "cohort/job7/");
+  EXPECT_TRUE(plain.user().empty());
+  auto tls = etcd_options_for_run("a:2379,http://b:2379", "job7",
+                                  {{"protocol", "https"}, {"cacert", "/pki/ca.pem"}, {"user", "trainer"}},
+                                  {{"COHORT_ETCD_PASSWORD", "s3cret"}});
+  EXPECT_EQ(tls.endpoints(), (std::vector<std::string>{"https://a:2379", "http://b:2379"}));
+  EXPECT_EQ(tls.certificates().ca_file, "/pki/ca.pem");
+  EXPECT_EQ(tls.user(), "trainer");
+  EXPECT_EQ(tls.password(), "s3cret");
+  EXPECT_THROW(etcd_options_for_run("a:2379", "", {}, {}), cohort::ConfigError);
+  EXPECT_THROW(etcd_options_for_run("a:2379", "j", {{"protocol", "grpc"}}, {}), cohort::ConfigError);
+  try {
+    etcd_options_for_run("a:2379", "j", {{"user", "trainer"}}, {});
+    ADD_FAILURE() << "a user without a password was accepted";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_TRUE(has(e.what(), "COHORT_ETCD_PASSWORD")) << e.what();
+  }
+}
+
 TEST_F(EtcdStoreTest, SetGetAndBinaryValues) {
   auto s = store();
   s->set("k", to_bytes("v"));

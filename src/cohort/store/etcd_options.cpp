@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "cohort/errors.h"
 
 namespace cohort::store {
@@ -40,6 +42,40 @@ std::vector<std::string> parse_etcd_endpoints(const std::string& list) {
     start = comma + 1;
   }
   return out;
+}
+
+EtcdStoreOptions etcd_options_for_run(const std::string& endpoints, const std::string& run_id,
+                                      const std::map<std::string, std::string>& conf,
+                                      const std::map<std::string, std::string>& env) {
+  if (run_id.empty())
+    throw ConfigError("cohort: the etcd store needs a run id for its prefix\n  fix: pass --rdzv-id");
+  auto list = parse_etcd_endpoints(endpoints);
+  auto get = [&](const char* key) {
+    auto it = conf.find(key);
+    return it == conf.end() ? std::string() : it->second;
+  };
+  const auto protocol = get("protocol");
+  if (!protocol.empty() && protocol != "http" && protocol != "https")
+    throw ConfigError(fmt::format("cohort: --rdzv-conf protocol={} is neither http nor https", protocol));
+  if (!protocol.empty())
+    for (auto& e : list)
+      if (!starts_with(e, "http://") && !starts_with(e, "https://")) e = protocol + "://" + e;
+  auto file = [&](const char* key) {
+    auto path = get(key);
+    return path.empty() ? path : std::filesystem::absolute(path).string();
+  };
+  Certificates certificates{file("cacert"), file("cert"), file("key")};
+  auto options = EtcdStoreOptions(std::move(list)).prefix("cohort/" + run_id + "/").certificates(certificates);
+  if (auto user = get("user"); !user.empty()) {
+    auto it = env.find(kEtcdPasswordVariable);
+    if (it == env.end() || it->second.empty())
+      throw ConfigError(fmt::format("cohort: --rdzv-conf user={} names an etcd user but {} is not set\n  fix: "
+                                    "export {} with the user's etcd password",
+                                    user, kEtcdPasswordVariable, kEtcdPasswordVariable));
+    options.user(user).password(it->second);
+  }
+  validate(options);
+  return options;
 }
 
 void validate(const EtcdStoreOptions& options) {

@@ -9,6 +9,7 @@
 #include <torch/arg.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,20 @@ struct EtcdStoreOptions {
 // Splits torchrun's --rdzv-endpoint list ("host:port,host:port"); throws ConfigError
 // naming the entry that is not host:port (with an optional http:// or https://).
 std::vector<std::string> parse_etcd_endpoints(const std::string& list);
+
+// The environment's variable that holds the etcd password for etcd_options_for_run
+// (kept off command lines, which other users of the host can read).
+inline constexpr char kEtcdPasswordVariable[] = "COHORT_ETCD_PASSWORD";
+
+// The options of a job's stores under `cohort run --rdzv-backend etcd`:
+// --rdzv-endpoint's list, the prefix "cohort/<run id>/", and these --rdzv-conf
+// keys where `conf` has them: torchrun's etcd keys `protocol` (http or https),
+// `cacert`, `cert` and `key` (files; relative paths are made absolute), and `user`,
+// whose password comes from env's COHORT_ETCD_PASSWORD. Other keys are the
+// caller's. Throws ConfigError naming the key or value that cannot work.
+EtcdStoreOptions etcd_options_for_run(const std::string& endpoints, const std::string& run_id,
+                                      const std::map<std::string, std::string>& conf,
+                                      const std::map<std::string, std::string>& env);
 
 // Throws ConfigError, naming the option and the fix, when `options` cannot work.
 void validate(const EtcdStoreOptions& options);
