@@ -254,6 +254,13 @@ TEST_F(EtcdStoreTest, ThreadsAddExactly) {
   EXPECT_EQ(s->add("counter", 0), kThreads * kAdds);
 }
 
+TEST_F(EtcdStoreTest, AUserForAClusterWithoutAuthIsLetThrough) {
+  auto s = c10::make_intrusive<EtcdStore>(
+      EtcdStoreOptions(cluster_->endpoints()).prefix("test/no-auth/").user("root").password("pw"));
+  s->set("k", to_bytes("v"));
+  EXPECT_EQ(from_bytes(s->get("k")), "v");
+}
+
 TEST_F(EtcdStoreTest, CloneSharesTheKeys) {
   auto s = store(4s);
   auto c = s->clone();

@@ -49,7 +49,6 @@ EtcdClient::~EtcdClient() {
 
 std::string EtcdClient::members() const { return fmt::format("[{}]", fmt::join(options_.endpoints(), ", ")); }
 
-
 std::string EtcdClient::token(const std::string& stale, const std::string& what, Clock::time_point deadline) {
   std::lock_guard<std::mutex> lock(token_mutex_);
   if (options_.user().empty() || auth_disabled_) return "";
@@ -141,8 +140,8 @@ nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& r
           if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
           continue;
         case Attempt::Kind::kUnauthenticated:
-          // Tokens expire (etcd's --auth-token-ttl, 5 min) or die with the member
-          // that issued them: authenticate again and retry this member.
+          // Tokens expire (etcd's --auth-token-ttl, 5 min), and all are dropped
+          // when auth is turned off and on: authenticate again, retry this member.
           if (++authentications > 3)
             throw ConfigError(fmt::format("cohort: etcd at {} keeps refusing the auth token of user '{}' for {}: {}",
                                           options_.endpoints()[m], options_.user(), what, a.why));
