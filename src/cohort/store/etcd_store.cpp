@@ -32,8 +32,17 @@ std::string quoted(const std::vector<std::string>& keys) {
   return out;
 }
 
-// Calls `done` until it holds or `timeout` has passed, waiting 1 ms, then twice as
-// long each time up to 50 ms, between calls; returns whether it held.
+// Note [Waiting by polling]
+// get, wait and multiGet read their keys again until they exist, 1 ms after the
+// first try and then twice as long each time up to 50 ms, rather than holding an
+// etcd watch: the gateway streams a watch as one long HTTP reply, which would
+// need a thread or a multi handle per waiter and its own failover, while a read is
+// one bounded request like every other and fails over the same way. At a job's
+// scale (a few waiting threads per process, keys written once) the reads cost
+// etcd little, and a key written while a waiter sleeps is seen within 50 ms.
+//
+// Calls `done` until it holds or `timeout` has passed, with those pauses between
+// calls; returns whether it held.
 bool poll(milliseconds timeout, const std::function<bool()>& done) {
   const auto deadline = Clock::now() + timeout;
   auto pause = milliseconds(1);
