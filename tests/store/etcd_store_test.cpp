@@ -348,6 +348,18 @@ TEST(EtcdStoreFailover, LosingTheQuorumIsACommErrorNamingEtcd) {
                                               .request_timeout(1s)
                                               .failover_timeout(3s));
   s->set("before", to_bytes("1"));
+  // A thread already waiting in get() when the quorum goes ends with the same
+  // error, not a hang and not a timeout of its own (its store timeout is longer).
+  auto waiter = std::async(std::launch::async, [&] {
+    auto other = c10::make_intrusive<EtcdStore>(EtcdStoreOptions(cluster.endpoints())
+                                                    .prefix("quorum/")
+                                                    .timeout(60s)
+                                                    .request_timeout(1s)
+                                                    .failover_timeout(3s));
+    other->set("waiting", to_bytes("1"));
+    other->get("never");
+  });
+  s->wait({"waiting"});
   cluster.kill(0);
   cluster.kill(1);
   const auto start = Clock::now();
@@ -361,6 +373,14 @@ TEST(EtcdStoreFailover, LosingTheQuorumIsACommErrorNamingEtcd) {
     EXPECT_TRUE(has(what, "set of 'after'")) << what;
     for (const auto& endpoint : cluster.endpoints()) EXPECT_TRUE(has(what, endpoint)) << what;
     EXPECT_TRUE(has(what, "fix:")) << what;
+  }
+  EXPECT_LT(Clock::now() - start, 10s);
+  try {
+    waiter.get();
+    FAIL() << "get of a missing key returned without a quorum";
+  } catch (const cohort::CommError& e) {
+    EXPECT_TRUE(has(e.what(), "quorum")) << e.what();
+    EXPECT_TRUE(has(e.what(), "get of 'never'")) << e.what();
   }
   EXPECT_LT(Clock::now() - start, 10s);
 }
