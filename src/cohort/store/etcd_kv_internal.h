@@ -43,9 +43,10 @@ std::vector<std::optional<std::vector<std::uint8_t>>> fetch(EtcdClient& client, 
 // there first the compare fails, the transaction's failure branch returns the key
 // as it is now, and the step is tried again on that: so each add is applied once,
 // atomically, however many threads and hosts add to one counter. One exception is
-// etcd's and any client's: a transaction committed by a member that dies before it
-// answers is retried on the next member and applied again, so a counter may gain
-// one add more when a member dies in that instant.
+// etcd's and any client's: a transaction that was committed but whose answer never
+// came (the member died before answering, or answered after request_timeout) is
+// sent again to the next member and applied again, so a counter may then gain one
+// add more. Keep request_timeout well above the cluster's commit time.
 
 // Applies `decide` to the key's value (nullopt: no such key) until its answer is
 // written unchanged-since-read; returns the value after and whether it was written.
