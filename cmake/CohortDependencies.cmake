@@ -50,6 +50,14 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(ZLIB REQUIRED)
 # libssl and libcrypto: the store's TLS 1.3 with a key derived from the token.
 find_package(OpenSSL REQUIRED COMPONENTS SSL Crypto)
+# libcurl: the etcd store's HTTP/JSON client of etcd's v3 API (store/etcd_client.cpp).
+if(COHORT_WITH_ETCD)
+  find_package(CURL)
+  if(NOT CURL_FOUND)
+    message(FATAL_ERROR "cohort: libcurl not found, which the etcd store needs (docs/etcd.md): install "
+      "libcurl4-openssl-dev (scripts/install-deps does), or configure with -DCOHORT_WITH_ETCD=OFF")
+  endif()
+endif()
 find_package(CLI11 QUIET CONFIG)
 if(NOT CLI11_FOUND)
   find_path(COHORT_CLI11_INCLUDE CLI/CLI.hpp REQUIRED)

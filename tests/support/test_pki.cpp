@@ -1,5 +1,6 @@
 #include "support/test_pki.h"
 
+#include <fstream>
 #include <stdexcept>
 
 #include "support/subprocess.h"
@@ -36,6 +37,22 @@ store::Certificates TestPki::issue(const std::string& host) {
   openssl(request);
   openssl({"x509", "-req", "-in", base + ".csr", "-CA", ca_file_, "-CAkey", ca_key_, "-CAcreateserial", "-out",
            base + ".pem", "-days", "2"});
+  return store::Certificates{ca_file_, base + ".pem", base + ".key"};
+}
+
+store::Certificates TestPki::issue_with_alt_name(const std::string& host) {
+  const std::string base = dir_.path + "/" + host + "-alt";
+  const bool address = host.find_first_not_of("0123456789.") == std::string::npos;
+  {
+    std::ofstream ext(base + ".ext");
+    ext << "subjectAltName=" << (address ? "IP:" : "DNS:") << host << "\n";
+  }
+  std::vector<std::string> request{"req"};
+  request.insert(request.end(), kNewKey.begin(), kNewKey.end());
+  request.insert(request.end(), {"-keyout", base + ".key", "-out", base + ".csr", "-subj", "/CN=" + host});
+  openssl(request);
+  openssl({"x509", "-req", "-in", base + ".csr", "-CA", ca_file_, "-CAkey", ca_key_, "-CAcreateserial", "-out",
+           base + ".pem", "-days", "2", "-extfile", base + ".ext"});
   return store::Certificates{ca_file_, base + ".pem", base + ".key"};
 }
 

@@ -18,6 +18,9 @@ class TestPki {
   // A certificate for `host`, signed by this CA, with its key: what a host of the
   // job is given.
   store::Certificates issue(const std::string& host);
+  // The same with `host` as its subjectAltName too (IP:... for an address, DNS:...
+  // otherwise), as HTTPS clients such as libcurl check it (the etcd store's tests).
+  store::Certificates issue_with_alt_name(const std::string& host);
   // A private key under a passphrase ("secret").
   std::string encrypted_key();
   // The COHORT_STORE_TLS_* variables for `certificates`.

@@ -1,0 +1,178 @@
+#include "cohort/store/etcd_client_internal.h"
+
+#include <curl/curl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "cohort/errors.h"
+#include "cohort/store/etcd_request_internal.h"
+
+namespace cohort::store {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Note [curl's global init]: curl_global_init is not thread-safe on every libcurl,
+// and curl_easy_init calls it on first use, so the first call is made once here,
+// before any handle exists, whichever thread makes the first client.
+void init_curl_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+std::string with_scheme(const std::string& endpoint, bool tls) {
+  std::string url = endpoint;
+  if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0) url = (tls ? "https://" : "http://") + url;
+  while (url.back() == '/') url.pop_back();
+  return url;
+}
+
+}  // namespace
+
+EtcdClient::EtcdClient(EtcdStoreOptions options) : options_(std::move(options)) {
+  validate(options_);
+  init_curl_once();
+  const auto& c = options_.certificates();
+  const bool tls = !c.ca_file.empty() || !c.cert_file.empty();
+  for (const auto& e : options_.endpoints()) urls_.push_back(with_scheme(e, tls));
+}
+
+EtcdClient::~EtcdClient() {
+  for (void* h : idle_handles_) curl_easy_cleanup(static_cast<CURL*>(h));
+}
+
+std::string EtcdClient::members() const { return fmt::format("[{}]", fmt::join(options_.endpoints(), ", ")); }
+
+std::string EtcdClient::token(const std::string& stale, const std::string& what, Clock::time_point deadline) {
+  std::lock_guard<std::mutex> lock(token_mutex_);
+  if (options_.user().empty() || auth_disabled_) return "";
+  if (!token_.empty() && token_ != stale) return token_;
+  token_.clear();
+  const auto body =
+      nlohmann::json{{"name", options_.user()}, {"password", options_.password()}}.dump();
+  std::vector<Said> said(urls_.size());
+  const auto start = Clock::now();
+  auto backoff = milliseconds(50);
+  while (true) {
+    const auto first = preferred_.load();
+    for (std::size_t i = 0; i < urls_.size(); ++i) {
+      // Past the deadline the rest of the round is not tried; they keep what they
+      // said last round.
+      if (i > 0 && Clock::now() >= deadline) break;
+      const auto m = (first + i) % urls_.size();
+      auto a = attempt(m, "/v3/auth/authenticate", body, "", deadline);
+      if (a.kind == Attempt::Kind::kOk) {
+        preferred_ = m;
+        token_ = a.reply.value("token", "");
+        return token_;
+      }
+      if (a.kind != Attempt::Kind::kUnavailable) {
+        if (mentions(a.why, "authentication is not enabled")) {
+          auth_disabled_ = true;
+          return "";
+        }
+        throw ConfigError(fmt::format(
+            "cohort: etcd auth refused user '{}' at {} (needed for {}): {}\n  fix: check the etcd user and "
+            "password given to cohort (etcdctl user get {} shows the user)",
+            options_.user(), options_.endpoints()[m], what, a.why, options_.user()));
+      }
+      if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
+    }
+    // Note [TLS failures are the configuration's]: no point in going round again.
+    if (std::all_of(said.begin(), said.end(), [](const Said& x) { return x.tls; })) break;
+    if (Clock::now() + backoff >= deadline) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, milliseconds(1000));
+  }
+  fail_all(fmt::format("authentication of user '{}' (for {})", options_.user(), what), said, start);
+}
+
+void EtcdClient::fail_all(const std::string& what, const std::vector<Said>& said, Clock::time_point start) const {
+  std::vector<std::string> each;
+  bool all_tls = true;
+  for (std::size_t m = 0; m < urls_.size(); ++m) {
+    each.push_back(options_.endpoints()[m] + ": " + said[m].why);
+    all_tls = all_tls && said[m].tls;
+  }
+  // Note [TLS failures are the configuration's]: a member that refuses this
+  // client's TLS, or whose certificate the CA does not vouch for, is a
+  // misconfiguration when every member does it, not a lost quorum.
+  if (all_tls)
+    throw ConfigError(fmt::format(
+        "cohort: etcd: no member of {} would make a TLS session for the {}: {}\n  fix: check the etcd store's CA, "
+        "client certificate and key, and that the endpoints' scheme (http:// or https://) is the members' own",
+        members(), what, fmt::join(each, "; ")));
+  throw CommError(fmt::format(
+      "cohort: etcd: no member of {} could serve the {} within {:.1f} s; {}\n  the etcd cluster has most likely "
+      "lost its quorum (a majority of its members down or cut off), or none of these members is running\n  "
+      "fix: check the members (etcdctl endpoint health --cluster) and bring a majority back; the job's store "
+      "cannot work without etcd's quorum",
+      members(), what, seconds(Clock::now() - start), fmt::join(each, "; ")));
+}
+
+nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& request, const std::string& what) {
+  const auto start = Clock::now();
+  const auto deadline = start + options_.failover_timeout();
+  const auto body = request.dump();
+  auto token = this->token("", what, deadline);
+  int authentications = 0;
+  std::vector<Said> said(urls_.size());
+  auto backoff = milliseconds(50);
+  while (true) {
+    const auto first = preferred_.load();
+    for (std::size_t i = 0; i < urls_.size(); ++i) {
+      // Past the deadline the rest of the round is not tried; they keep what they
+      // said last round.
+      if (i > 0 && Clock::now() >= deadline) break;
+      const auto m = (first + i) % urls_.size();
+      auto a = attempt(m, path, body, token, deadline);
+      switch (a.kind) {
+        case Attempt::Kind::kOk:
+          preferred_ = m;
+          return std::move(a.reply);
+        case Attempt::Kind::kUnavailable:
+          if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
+          continue;
+        case Attempt::Kind::kUnauthenticated:
+          // Tokens expire (etcd's --auth-token-ttl, 5 min), and all are dropped
+          // when auth is turned off and on: authenticate again, retry this member.
+          if (++authentications > 3)
+            throw ConfigError(fmt::format("cohort: etcd at {} keeps refusing the auth token of user '{}' for {}: {}",
+                                          options_.endpoints()[m], options_.user(), what, a.why));
+          token = this->token(token, what, deadline);
+          --i;
+          continue;
+        case Attempt::Kind::kRefused: break;
+      }
+      const auto& at = options_.endpoints()[m];
+      if (mentions(a.why, "user name is empty") || a.code == kUnauthenticated)
+        throw ConfigError(fmt::format("cohort: etcd at {} requires authentication (etcd auth is enabled) and "
+                                      "refused {}: {}\n  fix: pass the etcd user and password",
+                                      at, what, a.why));
+      if (a.code == kPermissionDenied)
+        throw ConfigError(fmt::format(
+            "cohort: etcd user '{}' may not make the {} at {}: {}\n  fix: grant the user's role readwrite on the "
+            "prefix (etcdctl role grant-permission ROLE --prefix=true readwrite '{}')",
+            options_.user(), what, at, a.why, options_.prefix()));
+      if (a.code == kResourceExhausted || mentions(a.why, "too large"))
+        throw ConfigError(fmt::format("cohort: etcd at {} refused the {} as too large: {}\n  fix: keep values "
+                                      "small, or raise the members' --max-request-bytes (1.5 MiB by default)",
+                                      at, what, a.why));
+      throw CommError(fmt::format("cohort: etcd at {} refused the {}: {}", at, what, a.why));
+    }
+    // Note [TLS failures are the configuration's]: no point in going round again.
+    if (std::all_of(said.begin(), said.end(), [](const Said& x) { return x.tls; })) break;
+    if (Clock::now() + backoff >= deadline) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, milliseconds(1000));
+  }
+  fail_all(what, said, start);
+}
+
+}  // namespace cohort::store
