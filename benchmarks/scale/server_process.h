@@ -46,27 +46,19 @@ class ServerProcess {
     ::close(out[1]);
     to_child_ = in[1];
     from_child_ = out[0];
-    std::istringstream line(read_line("to listen"));
-    std::string word_port, word_backend;
-    line >> word_port >> port_ >> word_backend >> backend_;
-    if (word_port != "port" || word_backend != "backend" || port_ <= 0)
-      throw std::runtime_error("the store server process did not say its port");
-  }
-
-  ~ServerProcess() {
-    if (to_child_ >= 0) ::close(to_child_);  // its stdin ends: it exits
-    if (from_child_ >= 0) ::close(from_child_);
-    if (pid_ <= 0) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (::waitpid(pid_, nullptr, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, nullptr, 0);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    try {
+      std::istringstream line(read_line("to listen"));
+      std::string word_port, word_backend;
+      line >> word_port >> port_ >> word_backend >> backend_;
+      if (word_port != "port" || word_backend != "backend" || port_ <= 0)
+        throw std::runtime_error("the store server process did not say its port");
+    } catch (...) {
+      stop();
+      throw;
     }
   }
+
+  ~ServerProcess() { stop(); }
 
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
@@ -89,6 +81,24 @@ class ServerProcess {
   }
 
  private:
+  // Ends its stdin, so that it exits; after 10 s, kills it.
+  void stop() {
+    if (to_child_ >= 0) ::close(to_child_);
+    if (from_child_ >= 0) ::close(from_child_);
+    to_child_ = from_child_ = -1;
+    if (pid_ <= 0) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::waitpid(pid_, nullptr, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pid_ = -1;
+  }
+
   std::string read_line(const char* what) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
