@@ -127,8 +127,12 @@ struct Client {
 class Bench {
  public:
   Bench(const Args& args, cohort::bench::ServerProcess& server, std::string token)
-      : args_(args), server_(server), token_(std::move(token)), timeout_(std::chrono::seconds(args.timeout_s)),
-        value_a_(static_cast<std::size_t>(args.value_bytes), 'a'), value_b_(static_cast<std::size_t>(args.value_bytes), 'b') {}
+      : args_(args),
+        server_(server),
+        token_(std::move(token)),
+        timeout_(std::chrono::seconds(args.timeout_s)),
+        value_a_(static_cast<std::size_t>(args.value_bytes), 'a'),
+        value_b_(static_cast<std::size_t>(args.value_bytes), 'b') {}
 
   c10::intrusive_ptr<c10d::Store> connect() const {
     if (args_.store == "cohort")
@@ -315,7 +319,8 @@ class Bench {
     if (op == "set") return timed([&](Client& c) { c.store->set(c.key, value_a_); });
     if (op == "get") return timed([&](Client& c) { check_size(c.store->get(c.key)); });
     if (op == "add") return timed([&](Client& c) { c.store->add("counter", 1); });
-    if (op == "check") return timed([&](Client& c) { expect(c.store->check({c.key}), "check() of a key that exists"); });
+    if (op == "check")
+      return timed([&](Client& c) { expect(c.store->check({c.key}), "check() of a key that exists"); });
     if (op == "compare_set")
       return timed([&](Client& c) {
         const Bytes& expected = c.cas_flipped ? value_b_ : value_a_;
@@ -326,7 +331,9 @@ class Bench {
     if (op == "wait") return timed([&](Client& c) { c.store->wait({c.key}, timeout_); });
 #if COHORT_C10D_STORE_HAS_EXTENDED_API
     if (op == "multi_get")
-      return timed([&](Client& c) { expect(c.store->multiGet(c.multi_keys).size() == c.multi_keys.size(), "multiGet"); });
+      return timed([&](Client& c) {
+        expect(c.store->multiGet(c.multi_keys).size() == c.multi_keys.size(), "multiGet() of keys that exist");
+      });
 #endif
     if (op == "broadcast") return broadcast(repeat);
     throw std::runtime_error("no operation " + op);
@@ -368,7 +375,8 @@ void report(const Args& args, const std::string& backend, const std::string& op,
   line["backend"] = backend;
   line["torch"] = cohort::compat::torch_version();
   line["clients"] = args.clients;
-  line["active"] = op == "connect" || op == "broadcast" || args.active <= 0 ? args.clients : std::min(args.active, args.clients);
+  const bool all_active = op == "connect" || op == "broadcast" || args.active <= 0;
+  line["active"] = all_active ? args.clients : std::min(args.active, args.clients);
   line["op"] = op;
   line["ops_per_s"] = std::round(r.ops_per_s);
   line["p50_us"] = round_to(r.p50_us, 10);
