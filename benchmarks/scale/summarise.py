@@ -56,11 +56,13 @@ for n, ds in sorted(quorum.items()):
 if recovery:
     print()
     print("### Recovery in real processes: kill -9 -> the survivors' next committed step (s)")
-    print("| replicas | kills | median | max | a step when none fails | steps | lost, repeated or dropped |")
-    print("|---|---|---|---|---|---|---|")
+    print("| replicas | kills | median | max | to the next quorum's first arrival, its decision, its group formed "
+          "(medians) | a step when none fails | steps | lost, repeated or dropped |")
+    print("|---|---|---|---|---|---|---|---|")
     for n, d in sorted(recovery.items()):
-        print("| %d | %d | %s | %s | %s | %d | %s |" % (n, d["kills"], d["median_s"], d["max_s"], d.get("step_s"),
-                                                    d["steps"],
+        print("| %d | %d | %s | %s | %s, %s, %s | %s | %d | %s |" % (
+            n, d["kills"], d["median_s"], d["max_s"], d.get("to_arrived_s"), d.get("to_decided_s"),
+            d.get("to_formed_s"), d.get("step_s"), d["steps"],
                                                 "none" if d["ok"] else "; ".join(d["problems"])))
 
 if plot:
