@@ -69,7 +69,7 @@ RendezvousState DynamicRendezvous::update(const std::function<bool(RendezvousSta
     if (now_there == desired) {
       if (waiters_care(before, state)) {  // Note [Waiting without reading the record]
         const auto n = store_->add(key("changes"), 1);
-        store_->set(key("changed/" + std::to_string(n)), {});
+        store_->set(key("changed/" + std::to_string(n)), std::vector<std::uint8_t>{});
       }
       return state;
     }
