@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <map>
 #include <sstream>
 
 #include "cohort/elastic/rendezvous_state.h"
@@ -135,6 +136,41 @@ TEST(Cli, BadInputNamesTheFlag) {
   expect_usage_error(with({"--rdzv-conf", "worker_store=tcp"}), "worker_store is 'cohort'");
 }
 
+// Note [--rdzv-backend etcd]: torchrun's names, its etcd keys in --rdzv-conf, and a
+// clear refusal of what cannot work with etcd.
+TEST(Cli, EtcdBackendTakesTheMembersAndTheEtcdKeysOfRdzvConf) {
+  auto o = parse({"--nnodes", "1:3", "--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379,e2:2379,https://e3:2379",
+                  "--rdzv-id", "job9", "--rdzv-conf", "join_timeout=30,protocol=https,cacert=/ca.pem,user=trainer",
+                  "prog"},
+                 {{"COHORT_ETCD_PASSWORD", "secret"}});
+  EXPECT_TRUE(cohort::launcher::is_elastic(o));
+  EXPECT_TRUE(cohort::launcher::uses_etcd(o));
+  EXPECT_EQ(cohort::launcher::rendezvous_conf(o), "join_timeout=30");
+  const std::map<std::string, std::string> etcd{{"protocol", "https"}, {"cacert", "/ca.pem"}, {"user", "trainer"}};
+  EXPECT_EQ(cohort::launcher::etcd_conf(o), etcd);
+  EXPECT_TRUE(cohort::launcher::uses_etcd(parse({"--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "e1:2379", "prog"})));
+
+  const std::vector<std::string> base{"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("prog");
+    return args;
+  };
+  expect_usage_error({"--rdzv-backend", "etcd", "prog"}, "the etcd members' client addresses");
+  expect_usage_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1", "prog"}, "'e1' in 'e1' is not host:port");
+  expect_usage_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379,", "prog"}, "is not host:port");
+  expect_usage_error(with({"--rdzv-conf", "worker_store=tcpstore"}), "stock c10d workers cannot speak");
+  expect_usage_error(with({"--rdzv-conf", "protocol=ftp"}), "protocol=ftp is neither http nor https");
+  expect_usage_error(with({"--rdzv-conf", "cert=/c.pem"}), "both a client certificate and its key");
+  expect_usage_error(with({"--rdzv-conf", "bogus=1"}), "bogus");
+  expect_usage_error(with({"--standalone"}), "--standalone");
+  // An etcd key given to the c10d backend names the backend it belongs to.
+  expect_usage_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5", "--rdzv-conf", "cacert=/ca.pem", "prog"},
+                     "belongs to the etcd rendezvous");
+  expect_usage_error({"--rdzv-backend", "zookeeper", "prog"}, "--rdzv-backend zookeeper: use c10d");
+}
+
 TEST(Cli, WorkerStoreDefaultsToCohortsStoreExceptForStaticNodesThatShareATcpStore) {
   using cohort::elastic::WorkerStore;
   auto store_of = [](std::vector<std::string> args) {
@@ -218,7 +254,7 @@ TEST(Cli, BadPetValuesNameTheVariable) {
   expect_env_error({{"PET_NPROC_PER_NODE", "0"}}, {"PET_NPROC_PER_NODE=0"});
   expect_env_error({{"PET_MONITOR_INTERVAL", "soon"}}, {"PET_MONITOR_INTERVAL=soon"});
   expect_env_error({{"PET_STANDALONE", "maybe"}}, {"PET_STANDALONE=maybe"});
-  expect_env_error({{"PET_RDZV_BACKEND", "etcd"}}, {"PET_RDZV_BACKEND=etcd", "--rdzv-backend etcd"});
+  expect_env_error({{"PET_RDZV_BACKEND", "zookeeper"}}, {"PET_RDZV_BACKEND=zookeeper", "--rdzv-backend zookeeper"});
   expect_env_error({{"PET_TEE", "9"}}, {"PET_TEE=9"});
 }
 

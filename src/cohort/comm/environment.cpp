@@ -87,6 +87,8 @@ WorldInfo from_torchrun(const EnvMap& env) {
                         "holders of the job's token; start the program with `cohort run`, which sets both");
     w.store_certificates = store::certificates_from(env);
   }
+  if (w.use_agent_store && lookup(env, "COHORT_AGENT_STORE").value_or("") == "etcd")
+    w.etcd_store = store::etcd_options_from_worker_env(env);
   if (w.world_size > 1 || w.use_agent_store) {
     auto addr = lookup(env, "MASTER_ADDR");
     if (!addr)

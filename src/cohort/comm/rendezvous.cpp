@@ -14,9 +14,10 @@ namespace cohort::comm {
 
 namespace {
 
-// A client of the store `info` names: c10d's TCPStore, or the cohort agent's
-// authenticated store.
+// A client of the store `info` names: c10d's TCPStore, the cohort agent's
+// authenticated store, or the job's etcd.
 c10::intrusive_ptr<c10d::Store> connect_client(const WorldInfo& info, std::chrono::milliseconds timeout) {
+  if (info.etcd_store) return store::make_etcd_store(store::EtcdStoreOptions(*info.etcd_store).timeout(timeout));
   if (info.cohort_agent_store)
     return c10::make_intrusive<store::StoreClient>(info.master_addr, info.master_port, info.store_token, timeout,
                                                    info.store_certificates);

@@ -125,6 +125,8 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
   return base;
 }
 
+std::vector<std::pair<std::string, std::string>> rdzv_conf_items(const std::string& conf) { return conf_items(conf); }
+
 std::vector<std::string> rdzv_conf_keys(const std::string& conf) {
   std::vector<std::string> keys;
   for (const auto& item : conf_items(conf)) keys.push_back(item.first);

@@ -103,6 +103,8 @@ RendezvousSettings parse_rdzv_conf(const std::string& conf, RendezvousSettings b
 // The keys `conf` sets, in order (for the static launcher, which takes only
 // worker_store). Throws like parse_rdzv_conf for an item that is not KEY=VALUE.
 std::vector<std::string> rdzv_conf_keys(const std::string& conf);
+// The KEY=VALUE items of `conf`, in order; throws like rdzv_conf_keys.
+std::vector<std::pair<std::string, std::string>> rdzv_conf_items(const std::string& conf);
 
 struct RendezvousState {
   std::int64_t round = 0;

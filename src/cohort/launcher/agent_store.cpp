@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <openssl/rand.h>
@@ -256,6 +257,59 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
   } catch (const ConfigError& e) {
     throw refused(options, e);
   }
+  auto* client = static_cast<store::StoreClient*>(s.client.get());
+  s.another = [client] { return client->clone(); };
+  return s;
+}
+
+std::string AgentStore::where() const {
+  if (!etcd) return fmt::format("{}:{}", host, port);
+  return fmt::format("etcd at {}", fmt::join(etcd->endpoints(), ","));
+}
+
+AgentStore open_etcd_agent_store(const RunOptions& options, const comm::EnvMap& env, const std::string& run_id,
+                                 std::chrono::milliseconds timeout, std::chrono::milliseconds failover,
+                                 const std::function<void()>& check) {
+  AgentStore s;
+  try {
+    s.etcd = store::etcd_options_for_run(options.rdzv_endpoint, run_id, etcd_conf(options), env);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const ConfigError& e) {
+    throw UsageError(fmt::format("--rdzv-endpoint {}: {}", options.rdzv_endpoint, e.what()));
+  }
+  // The first answer: member by member, in short tries, watching the signals.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto first_try = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(2));
+  while (true) {
+    try {
+      store::make_etcd_store(store::EtcdStoreOptions(*s.etcd).failover_timeout(first_try))->check({"job"});
+      break;
+    } catch (const CommError& e) {
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw CommError(fmt::format("cohort run: no member of the job's etcd ({}) answered within {:.0f} s: {}\n  "
+                                    "fix: check that etcd runs and that this host reaches it (`etcdctl "
+                                    "--endpoints={} endpoint health`), or raise --rdzv-conf join_timeout",
+                                    fmt::join(s.etcd->endpoints(), ","), std::chrono::duration<double>(timeout).count(),
+                                    e.what(), options.rdzv_endpoint));
+    } catch (const ConfigError& e) {
+      throw UsageError(fmt::format("--rdzv-endpoint {}: etcd refused this agent: {}", options.rdzv_endpoint,
+                                   e.what()));
+    }
+    check();
+  }
+  s.etcd->failover_timeout(failover);
+  s.client = store::make_etcd_store(*s.etcd);
+  const auto etcd = *s.etcd;
+  auto* client = s.client.get();
+  s.another = [etcd, client] { return store::make_etcd_store(store::EtcdStoreOptions(etcd).timeout(client->getTimeout())); };
+  // For messages only: workers reach etcd through COHORT_ETCD_ENDPOINTS.
+  auto first = s.etcd->endpoints().front();
+  for (const char* scheme : {"http://", "https://"})
+    if (first.rfind(scheme, 0) == 0) first = first.substr(std::string(scheme).size());
+  const auto colon = first.rfind(':');
+  s.host = first.substr(0, colon);
+  s.port = std::stoi(first.substr(colon + 1));
   return s;
 }
 

@@ -15,12 +15,14 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cohort/comm/environment.h"
 #include "cohort/compat/c10d.h"
 #include "cohort/launcher/run_options.h"
 #include "cohort/launcher/stock_worker_watch.h"
+#include "cohort/store/etcd_options.h"
 #include "cohort/store/store_client.h"
 #include "cohort/store/store_server.h"
 
@@ -43,9 +45,16 @@ bool is_local_host(const std::string& host);
 
 struct AgentStore {
   std::unique_ptr<store::StoreServer> server;  // set when this agent hosts the store
-  c10::intrusive_ptr<store::StoreClient> client;
-  std::string host;  // as workers reach it
+  c10::intrusive_ptr<c10d::Store> client;
+  // A connection of its own to the same store, with the client's timeout.
+  std::function<c10::intrusive_ptr<c10d::Store>()> another;
+  // Under --rdzv-backend etcd: the options of the job's etcd store (no agent hosts one).
+  std::optional<store::EtcdStoreOptions> etcd;
+  std::string host;  // as workers reach it (etcd: its first member, for messages)
   int port = 0;
+
+  // Where the store is, for messages: "HOST:PORT", or "etcd at [members]".
+  std::string where() const;
 };
 
 // Hosts the store (Note [Who hosts the store]) or connects to it, within `timeout`,
@@ -55,5 +64,16 @@ struct AgentStore {
 AgentStore open_agent_store(const RunOptions& options, const std::string& token,
                             const store::Certificates& certificates, std::chrono::milliseconds timeout,
                             const std::function<void()>& check, std::shared_ptr<StockWorkerWatch> watch = nullptr);
+
+// Note [--rdzv-backend etcd]: the job's etcd store, under "cohort/<run id>/", once
+// a member has answered a first request (within `timeout`, calling `check` between
+// tries: etcd may come up after the agents, as on Kubernetes). The store then fails
+// over between members for at most `failover` per request, so that an agent whose
+// etcd lost its quorum says so (CommError naming etcd) within its heartbeat bound.
+// Throws UsageError for options or credentials etcd refuses, CommError when no
+// member answered in time.
+AgentStore open_etcd_agent_store(const RunOptions& options, const comm::EnvMap& env, const std::string& run_id,
+                                 std::chrono::milliseconds timeout, std::chrono::milliseconds failover,
+                                 const std::function<void()>& check);
 
 }  // namespace cohort::launcher

@@ -112,6 +112,8 @@ void finish_options(CLI::App& app, RunOptions& o, const std::string& nnodes, con
     auto absolute = std::filesystem::absolute(o.timeline_dir, ec);
     if (!ec) o.timeline_dir = absolute.string();
   }
+  if (o.standalone && uses_etcd(o))
+    throw UsageError("--standalone makes a store of its own on loopback; drop it with --rdzv-backend etcd");
   if (o.standalone) {
     o.rdzv_backend = "c10d";
     o.rdzv_endpoint = "127.0.0.1:0";
@@ -145,13 +147,16 @@ std::optional<RunOptions> parse_run_command(const std::vector<std::string>& args
   app.add_flag("--standalone", o.standalone,
                "Single node: the elastic rendezvous on loopback with a free port and a fresh token");
   app.add_option(spellings("rdzv-backend"), o.rdzv_backend,
-                 "static (fixed nodes, --master-addr/--master-port) or c10d (elastic: --rdzv-endpoint)")
+                 "static (fixed nodes, --master-addr/--master-port), c10d (elastic: --rdzv-endpoint) or etcd "
+                 "(elastic, the job's state in etcd: --rdzv-endpoint lists its members)")
       ->default_str("static");
   app.add_option(spellings("rdzv-endpoint"), o.rdzv_endpoint,
-                 "HOST:PORT of the elastic rendezvous store; the agent on HOST hosts it (port 29400 if absent)");
+                 "HOST:PORT of the elastic rendezvous store; the agent on HOST hosts it (port 29400 if absent). "
+                 "With --rdzv-backend etcd: HOST:2379[,HOST:2379...], every etcd member's client address");
   app.add_option(spellings("rdzv-conf"), o.rdzv_conf,
                  "join_timeout=S,last_call_timeout=S,close_timeout=S,keep_alive_interval=S,"
-                 "keep_alive_max_heartbeats=N");
+                 "keep_alive_max_heartbeats=N; with etcd also protocol=https,cacert=F,cert=F,key=F,user=U "
+                 "(password in COHORT_ETCD_PASSWORD)");
   app.add_option(spellings("rdzv-token"), o.rdzv_token,
                  "The job's shared secret; prefer the COHORT_RDZV_TOKEN variable (a flag shows in `ps`)");
   app.add_option(spellings("frozen-timeout"), o.frozen_timeout,

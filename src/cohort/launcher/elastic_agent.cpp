@@ -1,6 +1,7 @@
 #include "cohort/launcher/elastic_agent.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "cohort/launcher/stock_worker_watch.h"
 #include "cohort/launcher/worker_store.h"
 #include "cohort/launcher/worker_group.h"
+#include "cohort/store/etcd_options.h"
 #include "cohort/util/bytes.h"
 #include "cohort/util/host.h"
 
@@ -86,14 +88,37 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
   return assign_ranks(sizes, r.rank);
 }
 
+// Whether this agent publishes the job's vacant slots now: the agent hosting the
+// store; under etcd, the participant in the lowest slot (Note [Who publishes a
+// vacant slot under etcd]).
+bool keeps_slots(const RendezvousState& s, const std::string& node, StoreRole role) {
+  if (role != StoreRole::kReplicated) return role == StoreRole::kHost;
+  int lowest = -1;
+  std::string keeper;
+  for (const auto& [name, slot] : s.participants)
+    if (slot >= 0 && (lowest < 0 || slot < lowest)) {
+      lowest = slot;
+      keeper = name;
+    }
+  return keeper == node;
+}
+
 // Note [A lost slot's ranks are published dead], by the agent hosting the store.
+//
+// Note [Who publishes a vacant slot under etcd]
+// No agent hosts an etcd job's store, and any agent may be lost, so the duty goes
+// with the record: the live participant in the lowest slot publishes, and when it
+// is lost itself the next lowest takes over once the record drops it. Two agents
+// that read the record at different times may both publish a slot; a death
+// published twice is the same keys written twice.
 class VacantSlots {
  public:
-  VacantSlots(InProcessRestarts& restarts, DynamicRendezvous& rdzv, const Round& r, std::vector<int> sizes)
-      : restarts_(restarts), rdzv_(rdzv), round_(r.round), sizes_(std::move(sizes)) {}
+  VacantSlots(InProcessRestarts& restarts, DynamicRendezvous& rdzv, const Round& r, std::vector<int> sizes,
+              StoreRole role)
+      : restarts_(restarts), rdzv_(rdzv), round_(r.round), sizes_(std::move(sizes)), role_(role) {}
 
   void look(const RendezvousState& s) {
-    if (s.round != round_ || !s.complete) return;
+    if (s.round != round_ || !s.complete || !keeps_slots(s, rdzv_.node(), role_)) return;
     int first_rank = 0;
     for (int slot = 0; slot < static_cast<int>(sizes_.size()); ++slot) {
       const int count = sizes_[static_cast<std::size_t>(slot)];
@@ -116,13 +141,14 @@ class VacantSlots {
   DynamicRendezvous& rdzv_;
   std::int64_t round_;
   std::vector<int> sizes_;
+  StoreRole role_;
   std::set<int> published_;
 };
 
 // Note [In-process fault tolerance: the keys]: the agent's own client of the
 // workers' store, each operation bounded by 10 s.
-c10::intrusive_ptr<c10d::Store> workers_view(store::StoreClient& client, const std::string& prefix) {
-  auto own = client.clone();
+c10::intrusive_ptr<c10d::Store> workers_view(const AgentStore& store, const std::string& prefix) {
+  auto own = store.another();
   own->setTimeout(std::chrono::seconds(10));
   return c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(own));
 }
@@ -166,23 +192,73 @@ std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
   return max_restarts;
 }
 
+// Note [A finished job's keys in etcd]: etcd outlives the job, so the last agent to
+// leave a closed job deletes its keys (under "cohort/<run id>/"), and the same
+// --rdzv-id can start a new job. An agent that sees others still in the record
+// leaves them the duty; keys of a job whose last agents were killed stay, and a new
+// job under that id is told how to delete them (closed_record_hint).
+class ForgetsFinishedJob {
+ public:
+  ForgetsFinishedJob(DynamicRendezvous& rdzv, const AgentStore& store) : rdzv_(rdzv), store_(store) {}
+  ForgetsFinishedJob(const ForgetsFinishedJob&) = delete;
+  ForgetsFinishedJob& operator=(const ForgetsFinishedJob&) = delete;
+  ~ForgetsFinishedJob() {
+    if (!store_.etcd) return;
+    try {
+      const auto s = rdzv_.read();
+      if (!s.closed || !s.participants.empty() || !s.wait_list.empty()) return;
+      store::delete_etcd_prefix(*store_.etcd);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "cohort run: warning: could not delete the finished job's keys in etcd ({}): {}\n",
+                 store_.etcd->prefix(), e.what());
+    }
+  }
+
+ private:
+  DynamicRendezvous& rdzv_;
+  const AgentStore& store_;
+};
+
+std::string closed_record_hint(const AgentStore& store, const std::string& run_id) {
+  if (!store.etcd) return "";
+  return fmt::format("cohort run: the job's record in etcd (keys under {}) says that job (--rdzv-id {}) has "
+                     "finished. If this is a new job, give it a --rdzv-id of its own, or delete the old job's keys: "
+                     "etcdctl --endpoints={} del --prefix {}\n",
+                     store.etcd->prefix(), run_id, fmt::join(store.etcd->endpoints(), ","), store.etcd->prefix());
+}
+
+// The agent's store: the job's etcd, or cohort's store hosted by the agent on the
+// --rdzv-endpoint host (Note [Who hosts the store]).
+AgentStore open_store(const AgentSetup& setup, const elastic::RendezvousSettings& settings,
+                      std::chrono::milliseconds silent_bound, const std::string& token,
+                      const std::shared_ptr<StockWorkerWatch>& watch) {
+  auto check = [&] {
+    if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
+  };
+  if (uses_etcd(setup.options))
+    return open_etcd_agent_store(setup.options, setup.env, setup.run_id, settings.join_timeout(), silent_bound,
+                                 check);
+  return open_agent_store(setup.options, token, resolve_certificates(setup.env), settings.join_timeout(), check,
+                          watch);
+}
+
 }  // namespace
 
 int run_elastic_agent(const AgentSetup& setup) {
   const auto& o = setup.options;
-  const auto token = resolve_token(o, setup.env);
-  const auto certificates = resolve_certificates(setup.env);
-  const auto settings = elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes));
+  // Note [--rdzv-backend etcd]: etcd's own authentication and TLS stand in for the
+  // job's token and certificates.
+  const auto token = uses_etcd(o) ? std::string() : resolve_token(o, setup.env);
+  const auto settings = elastic::parse_rdzv_conf(rendezvous_conf(o), elastic::RendezvousSettings(o.min_nodes, o.max_nodes));
+  // Every request after the connection is answered at once by a live store; a store
+  // that stays silent for the heartbeat bound is as good as gone.
+  const auto silent_bound = std::max<std::chrono::milliseconds>(
+      settings.keep_alive_interval() * settings.keep_alive_max_missed(), std::chrono::seconds(5));
   AgentStore store;
   // Note [Telling a stock worker from a port scan]
   const auto watch = std::make_shared<StockWorkerWatch>(::getpid());
   try {
-    store = open_agent_store(
-        o, token, certificates, settings.join_timeout(),
-        [&] {
-          if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
-        },
-        watch);
+    store = open_store(setup, settings, silent_bound, token, watch);
   } catch (const SignalReceived& s) {
     fmt::print(stderr, "cohort run: stopped by signal {} while reaching the store\n", sigabbrev_np(s.sig));
     return 128 + s.sig;
@@ -190,16 +266,16 @@ int run_elastic_agent(const AgentSetup& setup) {
   if (store.server)
     fmt::print(stderr, "cohort run: this agent hosts the rendezvous store on {}:{}\n", store.host, store.port);
   const bool hosting = store.server != nullptr;
-  // Every request after the connection is answered at once by a live store; a store
-  // that stays silent for the heartbeat bound is as good as gone.
-  store.client->setTimeout(std::max<std::chrono::milliseconds>(
-      settings.keep_alive_interval() * settings.keep_alive_max_missed(), std::chrono::seconds(5)));
+  const auto role = store.etcd ? StoreRole::kReplicated : hosting ? StoreRole::kHost : StoreRole::kClient;
+  store.client->setTimeout(silent_bound);
   const auto node = node_name();
   DynamicRendezvous rdzv(store.client, setup.run_id, node, settings);
+  // Destroyed after the heartbeats below have stopped: no beat may write the record again.
+  ForgetsFinishedJob forgets(rdzv, store);
   // Before anything joins: an agent that disagrees with the job is refused here.
   const auto max_restarts = adopt_job_settings(rdzv, o);
   // Heartbeats on a connection of their own, never queued behind the main thread.
-  DynamicRendezvous beats(store.client->clone(), setup.run_id, node, settings);
+  DynamicRendezvous beats(store.another(), setup.run_id, node, settings);
   KeepAlive keep_alive(beats);
   auto check = [&] {
     if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
@@ -237,7 +313,10 @@ int run_elastic_agent(const AgentSetup& setup) {
   RoundTcpStore round_store(store.client, setup.run_id, hosting, store.host, settings.join_timeout());
   // Note [Variables the launcher owns]: none of an outer job's may leak in.
   comm::EnvMap env = without_launcher_variables(setup.env);
-  if (!tcpstore) {
+  if (store.etcd) {
+    // Note [Workers find etcd through their environment]
+    for (auto& [name, value] : store::etcd_worker_variables(o.rdzv_endpoint, etcd_conf(o))) env[name] = value;
+  } else if (!tcpstore) {
     env["COHORT_AGENT_STORE"] = "cohort";
     env["COHORT_RDZV_TOKEN"] = token;
   }
@@ -272,9 +351,9 @@ int run_elastic_agent(const AgentSetup& setup) {
       std::optional<InProcessRestarts> in_process;
       std::optional<VacantSlots> vacant;
       if (r.held) {
-        in_process.emplace(workers_view(*store.client, env.at("COHORT_STORE_PREFIX")), static_cast<int>(max_restarts));
+        in_process.emplace(workers_view(store, env.at("COHORT_STORE_PREFIX")), static_cast<int>(max_restarts));
         context.first_incarnation = in_process->first_incarnation(a.group_rank);
-        if (hosting) vacant.emplace(*in_process, rdzv, r, sizes);
+        if (role != StoreRole::kClient) vacant.emplace(*in_process, rdzv, r, sizes, role);
       }
       const auto started = Clock::now();
       WorkerGroup group(o, env, setup.program, a, setup.nproc, context, setup.attempt_dir(attempt++),
@@ -296,7 +375,7 @@ int run_elastic_agent(const AgentSetup& setup) {
       if (result.received_signal) throw SignalReceived{result.received_signal};
       if (const auto seen = watch->sighting()) {
         close_with_text(rdzv, "cohort run: error: " + *seen + "\n");  // no restart mends it
-        report_closed(rdzv, hosting, check);
+        report_closed(rdzv, role, check);
         return 2;
       }
       if (r.held && !result.interrupted) {
@@ -308,7 +387,7 @@ int run_elastic_agent(const AgentSetup& setup) {
                                      FailureContext{util::host_name(), setup.run_id, static_cast<int>(r.restarts),
                                                     static_cast<int>(max_restarts)}),
                      in_process->summary(result.in_exit_order));
-        const int code = finish(rdzv, r, hosting, check);
+        const int code = finish(rdzv, r, role, check);
         if (result.success) return code;
         // Note [A job that ends on a configuration error] (agent.cpp): a worker that
         // stopped on a refusal was not replaced, and the job says so with exit 2.
@@ -317,7 +396,7 @@ int run_elastic_agent(const AgentSetup& setup) {
       }
       // Workers stopped for a change may exit 0 (a trainer that saves on SIGTERM):
       // that is an interruption, not the end of the job.
-      if (result.success && !result.interrupted) return finish(rdzv, r, hosting, check);
+      if (result.success && !result.interrupted) return finish(rdzv, r, role, check);
       if (!result.interrupted) {
         const auto record = post_failure_record(rdzv, r, result, FailureContext{util::host_name(), setup.run_id,
                                                                                  static_cast<int>(r.restarts),
@@ -325,10 +404,10 @@ int run_elastic_agent(const AgentSetup& setup) {
         // Note [Failures after a node finished]: no restart once a node is done.
         if (const auto why = reason_to_close_after_finish(rdzv.read(), r, true); !why.empty()) {
           close_with_root_cause(rdzv, r, why, check);
-          return report_closed(rdzv, hosting, check);
+          return report_closed(rdzv, role, check);
         }
         const auto verdict = classify(rdzv, r, record.own, check);
-        if (verdict == Verdict::kClosed) return report_closed(rdzv, hosting, check);
+        if (verdict == Verdict::kClosed) return report_closed(rdzv, role, check);
         if (verdict == Verdict::kFailure) {
           bool go_on = true;
           rdzv.update([&](RendezvousState& s) {
@@ -340,7 +419,7 @@ int run_elastic_agent(const AgentSetup& setup) {
                                   fmt::format("no restarts left (--max-restarts {} used by the job as a whole)",
                                               rdzv.read().restarts),
                                   check);
-            return report_closed(rdzv, hosting, check);
+            return report_closed(rdzv, role, check);
           }
           fmt::print(stderr, "{}cohort run: restarting the workers of every node (failure restart {} of {})\n",
                      record.summary, rdzv.read().restarts, max_restarts);
@@ -351,10 +430,10 @@ int run_elastic_agent(const AgentSetup& setup) {
         }
       } else {
         const auto s = rdzv.read();
-        if (s.closed) return report_closed(rdzv, hosting, check);
+        if (s.closed) return report_closed(rdzv, role, check);
         if (const auto why = reason_to_close_after_finish(s, r, false); !why.empty()) {
           close_with_root_cause(rdzv, r, why, check);
-          return report_closed(rdzv, hosting, check);
+          return report_closed(rdzv, role, check);
         }
         if (s.failed_round >= r.round) {
           fmt::print(stderr, "cohort run: another node's workers failed; restarting the workers of every node "
@@ -375,8 +454,9 @@ int run_elastic_agent(const AgentSetup& setup) {
   } catch (const SignalReceived& s) {
     return stopped_by(s.sig);
   } catch (const elastic::RendezvousClosedError&) {
+    if (attempt == 0) fmt::print(stderr, "{}", closed_record_hint(store, setup.run_id));
     try {
-      return report_closed(rdzv, hosting, check);
+      return report_closed(rdzv, role, check);
     } catch (const SignalReceived& s) {
       return stopped_by(s.sig);
     }
@@ -385,11 +465,20 @@ int run_elastic_agent(const AgentSetup& setup) {
       leave_quietly();
       throw;
     }
-    fmt::print(stderr, "cohort run: the rendezvous store at {}:{} stopped answering: {}\n  Every worker here has "
+    fmt::print(stderr, "cohort run: the rendezvous store at {} stopped answering: {}\n  Every worker here has "
                        "been stopped. Restart the job (it resumes from its last checkpoint).\n",
-               store.host, store.port, e.what());
+               store.where(), e.what());
     return 1;
   } catch (const CommError& e) {
+    if (store.etcd) {
+      fmt::print(stderr, "cohort run: lost the job's etcd ({}): {}\n  No member of the etcd cluster could serve "
+                         "this agent: most likely a majority of its members is down, and etcd serves nothing "
+                         "without a quorum. Every worker here has been stopped. Bring back a majority of the etcd "
+                         "members (`etcdctl endpoint health`), then restart the job (it resumes from its last "
+                         "checkpoint).\n",
+                 store.where(), e.what());
+      return 1;
+    }
     fmt::print(stderr,
                "cohort run: lost the rendezvous store at {}:{}: {}\n  The agent hosting it (the one on the "
                "--rdzv-endpoint host) has most likely exited, and the job cannot go on without it; every worker here "

@@ -22,8 +22,8 @@ constexpr auto kGatherLost = std::chrono::seconds(4);
 
 // The agent hosting the store keeps it up until the other agents have left (they
 // read the job's outcome from it), for at most close_timeout, watching the signals.
-void linger(DynamicRendezvous& rdzv, bool hosting, const std::function<void()>& check) {
-  if (!hosting) {
+void linger(DynamicRendezvous& rdzv, StoreRole role, const std::function<void()>& check) {
+  if (role != StoreRole::kHost) {
     rdzv.leave();
     return;
   }
@@ -66,14 +66,14 @@ Verdict classify(DynamicRendezvous& rdzv, const Round& r, bool own, const std::f
   }
 }
 
-int report_closed(DynamicRendezvous& rdzv, bool hosting, const std::function<void()>& check) {
+int report_closed(DynamicRendezvous& rdzv, StoreRole role, const std::function<void()>& check) {
   // Said before the linger, so that the user reads the outcome at once.
   const auto cause = read_root_cause(rdzv);
   if (cause.empty())
     fmt::print(stderr, "cohort run: the job has finished; nothing left for this node to do\n");
   else
     fmt::print(stderr, "{}", cause);
-  linger(rdzv, hosting, check);
+  linger(rdzv, role, check);
   return cause.empty() ? 0 : 1;
 }
 
@@ -93,7 +93,7 @@ int report_closed(DynamicRendezvous& rdzv, bool hosting, const std::function<voi
 // workers fail then closes the job with the root cause (its failure record), and a
 // node that vanishes (dropped for silence, or gone after failing without closing)
 // is closed on by a finished node once the failed node has had time to do so itself.
-int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::function<void()>& check) {
+int finish(DynamicRendezvous& rdzv, const Round& r, StoreRole role, const std::function<void()>& check) {
   rdzv.update([&](RendezvousState& s) {
     if (s.round != r.round) return false;
     s.done.insert(rdzv.node());
@@ -105,7 +105,7 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
   std::optional<Clock::time_point> lost_since;
   while (true) {
     const auto s = rdzv.read();
-    if (s.closed) return report_closed(rdzv, hosting, check);
+    if (s.closed) return report_closed(rdzv, role, check);
     if (s.round != r.round || !s.participants.count(rdzv.node())) {
       fmt::print(stderr, "cohort run: this node's workers finished, but the node was dropped from the job (its "
                          "heartbeats were late); the others go on without it\n");
@@ -127,12 +127,15 @@ int finish(DynamicRendezvous& rdzv, const Round& r, bool hosting, const std::fun
     check();
     std::this_thread::sleep_for(kLook);
   }
-  if (hosting)
+  // Under etcd every agent that sees the round done closes it: any of them may be
+  // the one left (closing twice writes once).
+  if (role != StoreRole::kClient)
     rdzv.update([](RendezvousState& s) {
+      if (s.closed) return false;
       s.closed = true;
       return true;
     });
-  linger(rdzv, hosting, check);
+  linger(rdzv, role, check);
   return 0;
 }
 

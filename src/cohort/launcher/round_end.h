@@ -12,6 +12,12 @@ namespace cohort::launcher {
 
 enum class Verdict { kFailure, kMembership, kClosed };
 
+// What this agent is to the job's store: the agent that hosts it (it closes the job
+// once every node is done, and keeps the store up until the others have read that),
+// a client of it, or an agent of a job kept in etcd (--rdzv-backend etcd), which
+// closes the job like a host but keeps nothing up: etcd outlives every agent.
+enum class StoreRole { kHost, kClient, kReplicated };
+
 // Whether round `r`, in which this node's workers failed (`own`: on their own
 // account, not as a peer's casualty), failed or lost a node. Bounded by the
 // heartbeat bound; `check` is called between looks and may throw.
@@ -19,8 +25,8 @@ Verdict classify(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, bool
                  const std::function<void()>& check);
 
 // Every worker here exited 0: the exit barrier (Note [Exit barrier]), then
-// (hosting) the job's close. Returns the agent's exit code.
-int finish(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, bool hosting,
+// (kHost, kReplicated) the job's close. Returns the agent's exit code.
+int finish(elastic::DynamicRendezvous& rdzv, const elastic::Round& r, StoreRole role,
            const std::function<void()>& check);
 
 // Why the job must close rather than restart, read from the record `s` in round
@@ -33,6 +39,6 @@ std::string reason_to_close_after_finish(const elastic::RendezvousState& s, cons
 // The agent hosting the store then keeps it up for the others (at most
 // close_timeout), calling `check` between looks; it may throw (the agent's signals:
 // Ctrl-C ends the wait at once).
-int report_closed(elastic::DynamicRendezvous& rdzv, bool hosting, const std::function<void()>& check);
+int report_closed(elastic::DynamicRendezvous& rdzv, StoreRole role, const std::function<void()>& check);
 
 }  // namespace cohort::launcher

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cohort/elastic/rendezvous_state.h"
+#include "cohort/store/etcd_options.h"
 #include "cohort/trace/timeline.h"
 #include "cohort/util/parse.h"
 
@@ -88,7 +89,44 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
   return {static_cast<int>(lo), static_cast<int>(hi)};
 }
 
-bool is_elastic(const RunOptions& o) { return o.rdzv_backend == "c10d"; }
+bool is_elastic(const RunOptions& o) { return o.rdzv_backend == "c10d" || uses_etcd(o); }
+
+bool uses_etcd(const RunOptions& o) { return o.rdzv_backend == "etcd" || o.rdzv_backend == "etcd-v2"; }
+
+namespace {
+
+// The items of --rdzv-conf that belong to etcd (`etcd` true) or to the rendezvous.
+std::vector<std::pair<std::string, std::string>> conf_part(const RunOptions& o, bool etcd) {
+  std::vector<std::pair<std::string, std::string>> part;
+  try {
+    for (auto& item : elastic::rdzv_conf_items(o.rdzv_conf)) {
+      const bool etcd_key = store::etcd_conf_keys().count(item.first) > 0;
+      if (etcd_key && !uses_etcd(o))
+        throw UsageError(fmt::format("--rdzv-conf {}={}: belongs to the etcd rendezvous; add --rdzv-backend etcd "
+                                     "--rdzv-endpoint HOST:2379[,HOST:2379...], or drop it",
+                                     item.first, item.second));
+      if (etcd_key == etcd) part.push_back(std::move(item));
+    }
+  } catch (const UsageError&) {
+    throw;
+  } catch (const ConfigError& e) {
+    throw UsageError(e.what());
+  }
+  return part;
+}
+
+}  // namespace
+
+std::string rendezvous_conf(const RunOptions& o) {
+  std::string conf;
+  for (const auto& [key, value] : conf_part(o, false)) conf += (conf.empty() ? "" : ",") + key + "=" + value;
+  return conf;
+}
+
+std::map<std::string, std::string> etcd_conf(const RunOptions& o) {
+  const auto part = conf_part(o, true);
+  return {part.begin(), part.end()};
+}
 
 bool in_process_fault_tolerance(const RunOptions& o) { return o.fault_tolerance == "in-process"; }
 
@@ -104,7 +142,8 @@ elastic::WorkerStore worker_store_of(const RunOptions& o) {
   const auto keys = elastic::rdzv_conf_keys(o.rdzv_conf);
   if (!is_elastic(o) && o.max_nodes > 1 && std::find(keys.begin(), keys.end(), "worker_store") == keys.end())
     return elastic::WorkerStore::kTcpStore;
-  return elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes)).worker_store();
+  return elastic::parse_rdzv_conf(rendezvous_conf(o), elastic::RendezvousSettings(o.min_nodes, o.max_nodes))
+      .worker_store();
 }
 
 Endpoint parse_endpoint(const std::string& text, const std::string& flag) {
@@ -211,17 +250,47 @@ void validate_static_conf(const RunOptions& o) {
   }
 }
 
+// Note [--rdzv-backend etcd]: the etcd members' client addresses, the etcd keys of
+// --rdzv-conf and COHORT_ETCD_PASSWORD are checked as the workers will read them
+// (store::etcd_options_for_run); the store itself is first reached by the agent.
+void validate_etcd(const RunOptions& o) {
+  if (o.rdzv_endpoint.empty())
+    throw UsageError("--rdzv-endpoint: --rdzv-backend etcd needs the etcd members' client addresses, "
+                     "HOST:2379[,HOST:2379...] (give every member, so that the job outlives any one of them)");
+  try {
+    store::parse_etcd_endpoints(o.rdzv_endpoint);
+    const auto conf = etcd_conf(o);
+    for (const auto& [key, value] : conf)
+      if (value.empty()) throw UsageError(fmt::format("--rdzv-conf {}=: give a value, or drop the key", key));
+    // The password is the agent's environment's; only its presence matters here.
+    std::map<std::string, std::string> env;
+    if (conf.count("user")) env[store::kEtcdPasswordVariable] = "checked-by-the-agent";
+    store::etcd_options_for_run(o.rdzv_endpoint, o.run_id, conf, env);
+    if (elastic::parse_rdzv_conf(rendezvous_conf(o), elastic::RendezvousSettings(o.min_nodes, o.max_nodes))
+            .worker_store() == elastic::WorkerStore::kTcpStore)
+      throw UsageError("--rdzv-conf worker_store=tcpstore: under --rdzv-backend etcd the workers' store is the job's "
+                       "etcd, which stock c10d workers cannot speak, and a TCPStore hosted by one agent would be the "
+                       "single point of failure etcd removes; drop worker_store=tcpstore (cohort's workers need "
+                       "nothing), or use --rdzv-backend c10d for stock c10d workers");
+  } catch (const UsageError&) {
+    throw;
+  } catch (const ConfigError& e) {
+    throw UsageError(fmt::format("--rdzv-endpoint {}: {}", o.rdzv_endpoint, e.what()));
+  }
+}
+
 void validate_elastic(const RunOptions& o) {
+  if (uses_etcd(o)) validate_etcd(o);
   if (o.rdzv_endpoint.empty())
     throw UsageError("--rdzv-endpoint: the elastic rendezvous needs HOST:PORT of the agent that hosts its store "
                      "(every node passes the same), or --standalone for one node");
-  const auto endpoint = parse_endpoint(o.rdzv_endpoint, "--rdzv-endpoint");
+  const auto endpoint = uses_etcd(o) ? Endpoint{} : parse_endpoint(o.rdzv_endpoint, "--rdzv-endpoint");
   if (endpoint.port == 0 && !o.standalone)
     throw UsageError(fmt::format("--rdzv-endpoint {}: port 0 only works with --standalone; every node must know "
                                  "the port, so give one (torchrun's default is 29400)",
                                  o.rdzv_endpoint));
   try {
-    elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes));
+    elastic::parse_rdzv_conf(rendezvous_conf(o), elastic::RendezvousSettings(o.min_nodes, o.max_nodes));
   } catch (const UsageError&) {
     throw;
   } catch (const ConfigError& e) {
@@ -264,10 +333,10 @@ void validate_fault_tolerance(const RunOptions& o) {
   if (is_elastic(o)) {
     auto store = elastic::WorkerStore::kCohort;
     try {
-      store = elastic::parse_rdzv_conf(o.rdzv_conf, elastic::RendezvousSettings(o.min_nodes, o.max_nodes))
+      store = elastic::parse_rdzv_conf(rendezvous_conf(o), elastic::RendezvousSettings(o.min_nodes, o.max_nodes))
                   .worker_store();
     } catch (const ConfigError&) {
-      // validate_elastic names it
+      // validate_elastic names it (UsageError is one)
     }
     if (store == elastic::WorkerStore::kTcpStore)
       throw UsageError("--fault-tolerance in-process: not supported with --rdzv-conf worker_store=tcpstore yet (the "
@@ -284,8 +353,9 @@ void validate(const RunOptions& o) {
     const int nproc = resolve_nproc(o.nproc_per_node, 1, 0);
     check_min_replicas(o, nproc * o.max_nodes);
   }
-  if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d")
-    throw UsageError(fmt::format("--rdzv-backend {}: use c10d (elastic, cohort's authenticated store) or static",
+  if (o.rdzv_backend != "static" && !is_elastic(o))
+    throw UsageError(fmt::format("--rdzv-backend {}: use c10d (elastic, cohort's authenticated store), etcd "
+                                 "(elastic, the job's state in an etcd cluster: no single point of failure) or static",
                                  o.rdzv_backend));
   if (is_elastic(o)) {
     validate_elastic(o);

@@ -79,7 +79,21 @@ struct RunOptions {
   std::optional<bool> stderr_is_tty;
 };
 
+// --rdzv-backend c10d or etcd (and --standalone): the elastic agent
+// (launcher/elastic_agent.h).
 bool is_elastic(const RunOptions& options);
+
+// --rdzv-backend etcd (or etcd-v2): the elastic agent keeps the job's rendezvous,
+// workers' store and fault-tolerance keys in an etcd cluster (docs/etcd.md), and no
+// agent hosts a store.
+bool uses_etcd(const RunOptions& options);
+
+// Note [--rdzv-conf under etcd]: --rdzv-conf holds the rendezvous's keys and, under
+// etcd, torchrun's etcd keys (protocol, cacert, cert, key) and cohort's `user`.
+// rendezvous_conf() is the rendezvous's part, etcd_conf() the etcd part. Throws
+// UsageError for an etcd key given to another backend.
+std::string rendezvous_conf(const RunOptions& options);
+std::map<std::string, std::string> etcd_conf(const RunOptions& options);
 
 // --fault-tolerance in-process: the launcher restarts only a worker that died
 // (launcher/in_process.h).

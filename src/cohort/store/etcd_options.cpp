@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <set>
 
 #include "cohort/errors.h"
 
@@ -102,6 +103,51 @@ void validate(const EtcdStoreOptions& options) {
   if (c.cert_file.empty() != c.key_file.empty())
     throw ConfigError("cohort: etcd TLS needs both a client certificate and its key, or neither\n  fix: pass "
                       "the missing one");
+}
+
+const std::set<std::string>& etcd_conf_keys() {
+  static const std::set<std::string> keys{"protocol", "cacert", "cert", "key", "user"};
+  return keys;
+}
+
+std::map<std::string, std::string> etcd_worker_variables(const std::string& endpoints,
+                                                         const std::map<std::string, std::string>& conf) {
+  std::string items;
+  for (const auto& [key, value] : conf) {
+    if (!etcd_conf_keys().count(key)) continue;
+    if (!items.empty()) items += ',';
+    // The files as etcd_options_for_run resolves them: a worker may run elsewhere.
+    const bool file = key == "cacert" || key == "cert" || key == "key";
+    items += key + "=" + (file && !value.empty() ? std::filesystem::absolute(value).string() : value);
+  }
+  return {{"COHORT_AGENT_STORE", "etcd"}, {"COHORT_ETCD_ENDPOINTS", endpoints}, {"COHORT_ETCD_CONF", items}};
+}
+
+EtcdStoreOptions etcd_options_from_worker_env(const std::map<std::string, std::string>& env) {
+  auto get = [&](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  const auto endpoints = get("COHORT_ETCD_ENDPOINTS");
+  if (endpoints.empty())
+    throw ConfigError("COHORT_AGENT_STORE=etcd but COHORT_ETCD_ENDPOINTS is empty: start the program with `cohort "
+                      "run --rdzv-backend etcd`, which sets both");
+  std::map<std::string, std::string> conf;
+  const auto items = get("COHORT_ETCD_CONF");
+  std::size_t start = 0;
+  while (start < items.size()) {
+    auto comma = items.find(',', start);
+    if (comma == std::string::npos) comma = items.size();
+    const auto item = items.substr(start, comma - start);
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || !etcd_conf_keys().count(item.substr(0, eq)))
+      throw ConfigError(fmt::format("COHORT_ETCD_CONF: '{}' is not one of the etcd keys KEY=VALUE (protocol, "
+                                    "cacert, cert, key, user)",
+                                    item));
+    conf[item.substr(0, eq)] = item.substr(eq + 1);
+    start = comma + 1;
+  }
+  return etcd_options_for_run(endpoints, get("TORCHELASTIC_RUN_ID"), conf, env);
 }
 
 }  // namespace cohort::store

@@ -9,10 +9,13 @@
 #include <torch/arg.h>
 
 #include <chrono>
+#include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "cohort/compat/c10d.h"
 #include "cohort/store/certificates.h"
 
 namespace cohort::store {
@@ -70,5 +73,30 @@ EtcdStoreOptions etcd_options_for_run(const std::string& endpoints, const std::s
 
 // Throws ConfigError, naming the option and the fix, when `options` cannot work.
 void validate(const EtcdStoreOptions& options);
+
+// The --rdzv-conf keys etcd_options_for_run reads (torchrun's etcd keys and `user`).
+const std::set<std::string>& etcd_conf_keys();
+
+// Note [Workers find etcd through their environment]
+// Under `cohort run --rdzv-backend etcd` the workers' store is the job's etcd too
+// (no agent hosts one), so an agent tells its workers how to reach it: these
+// variables (COHORT_AGENT_STORE=etcd, COHORT_ETCD_ENDPOINTS, COHORT_ETCD_CONF: the
+// etcd keys of --rdzv-conf), with TORCHELASTIC_RUN_ID for the prefix and the
+// password, if any, in COHORT_ETCD_PASSWORD, which the workers inherit. A worker
+// builds the same options the agent did from them, so both share one prefix.
+std::map<std::string, std::string> etcd_worker_variables(const std::string& endpoints,
+                                                         const std::map<std::string, std::string>& conf);
+// The options a worker's environment names (etcd_worker_variables, above); throws
+// ConfigError naming the variable that is missing or wrong.
+EtcdStoreOptions etcd_options_from_worker_env(const std::map<std::string, std::string>& env);
+
+// An EtcdStore (store/etcd_store.h) over `options`. Throws ConfigError saying so when
+// this build of cohort has no etcd store (COHORT_WITH_ETCD=OFF: no libcurl).
+c10::intrusive_ptr<c10d::Store> make_etcd_store(const EtcdStoreOptions& options);
+
+// Deletes every key under options.prefix() (a job's keys once it is over); returns
+// how many there were. Throws as make_etcd_store does, and CommError when no
+// member answers.
+std::int64_t delete_etcd_prefix(const EtcdStoreOptions& options);
 
 }  // namespace cohort::store

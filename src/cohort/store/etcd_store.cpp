@@ -221,6 +221,19 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys, const std::vector
 }
 #endif
 
+c10::intrusive_ptr<c10d::Store> make_etcd_store(const EtcdStoreOptions& options) {
+  return c10::make_intrusive<EtcdStore>(options);
+}
+
+std::int64_t delete_etcd_prefix(const EtcdStoreOptions& options) {
+  EtcdClient client(options);
+  const auto& prefix = options.prefix();
+  auto reply = client.call("/v3/kv/deleterange",
+                           {{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_end(prefix))}},
+                           fmt::format("delete of every key under '{}'", prefix));
+  return number(reply, "deleted");
+}
+
 c10::intrusive_ptr<c10d::Store> EtcdStore::clone() {
   return c10::make_intrusive<EtcdStore>(EtcdStoreOptions(options()).timeout(timeout()));
 }
