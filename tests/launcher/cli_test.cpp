@@ -165,6 +165,7 @@ TEST(Cli, EtcdBackendTakesTheMembersAndTheEtcdKeysOfRdzvConf) {
   expect_usage_error(with({"--rdzv-conf", "cert=/c.pem"}), "both a client certificate and its key");
   expect_usage_error(with({"--rdzv-conf", "bogus=1"}), "bogus");
   expect_usage_error(with({"--standalone"}), "--standalone");
+  expect_usage_error(with({"--rdzv-id", "team/job"}), "--rdzv-id team/job holds a '/'");
   // An etcd key given to the c10d backend names the backend it belongs to.
   expect_usage_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5", "--rdzv-conf", "cacert=/ca.pem", "prog"},
                      "belongs to the etcd rendezvous");

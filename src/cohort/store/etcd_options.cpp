@@ -50,6 +50,12 @@ EtcdStoreOptions etcd_options_for_run(const std::string& endpoints, const std::s
                                       const std::map<std::string, std::string>& env) {
   if (run_id.empty())
     throw ConfigError("cohort: the etcd store needs a run id for its prefix\n  fix: pass --rdzv-id");
+  // A '/' would put one job's keys inside another's prefix ("a" and "a/b"), and a
+  // finished job deletes everything under its prefix.
+  if (run_id.find('/') != std::string::npos)
+    throw ConfigError(fmt::format("cohort: --rdzv-id {} holds a '/', which would put this job's keys inside another "
+                                  "job's prefix in etcd\n  fix: use letters, digits, '-', '_' or '.'",
+                                  run_id));
   auto list = parse_etcd_endpoints(endpoints);
   auto get = [&](const char* key) {
     auto it = conf.find(key);
