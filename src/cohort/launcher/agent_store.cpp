@@ -293,8 +293,8 @@ AgentStore open_etcd_agent_store(const RunOptions& options, const comm::EnvMap& 
                                     fmt::join(s.etcd->endpoints(), ","), std::chrono::duration<double>(timeout).count(),
                                     e.what(), options.rdzv_endpoint));
     } catch (const ConfigError& e) {
-      throw UsageError(fmt::format("--rdzv-endpoint {}: etcd refused this agent: {}", options.rdzv_endpoint,
-                                   e.what()));
+      // etcd refused the credentials or TLS, or this build has no etcd store: each says so.
+      throw UsageError(fmt::format("--rdzv-endpoint {}: {}", options.rdzv_endpoint, e.what()));
     }
     check();
   }
