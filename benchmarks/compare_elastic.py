@@ -14,10 +14,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
-from procs import descendants, free_port, rank_of
+from procs import Job, descendants, free_port, rank_of
 
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -32,51 +31,19 @@ env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
            COHORT_RDZV_TOKEN="benchmark-token-" + os.urandom(8).hex())
 
 
-class Job:
-    """A launcher whose stdout lines are collected by a thread."""
-
-    def __init__(self, argv):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, text=True)
-        self.records = []
-        self.lines = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            # Two workers sharing a pipe may land on one line: take every object.
-            for text in re.findall(r'\{[^{}]*"first_step_ms"[^{}]*\}', line):
-                self.records.append(json.loads(text))
-
-    def wait_for(self, restart, ranks, limit=120):
-        deadline = time.time() + limit
-        while time.time() < deadline:
-            got = [r for r in self.records if r["restart"] == restart]
-            if len(got) >= ranks:
-                return got
-            if self.proc.poll() is not None and len(got) < ranks:
-                break
-            time.sleep(0.01)
-        raise RuntimeError("no first step of restart %d:\n%s" % (restart, "".join(self.lines[-30:])))
-
-    def stop(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
+# The line each worker of restart_worker prints at its first step.
+FIRST_STEP = r'\{[^{}]*"first_step_ms"[^{}]*\}'
 
 
 def restart_trial(argv):
-    job = Job(argv)
+    job = Job(argv, env, pattern=FIRST_STEP)
     try:
-        job.wait_for(0, 2)
+        job.wait_for("first step of restart 0", lambda r: r["restart"] == 0, count=2)
         time.sleep(0.5)
         victim = next(p for p in descendants(job.proc.pid) if rank_of(p) == 1)
         killed = time.time() * 1000
         os.kill(victim, signal.SIGKILL)
-        after = job.wait_for(1, 2)
+        after = job.wait_for("first step of restart 1", lambda r: r["restart"] == 1, count=2)
         start = min(r["start_ms"] for r in after)
         ready = max(r["ready_ms"] for r in after)
         first = max(r["first_step_ms"] for r in after)

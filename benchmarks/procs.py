@@ -57,10 +57,16 @@ def rank_of(pid):
     return None
 
 
-class Job:
-    """A launcher whose workers' JSON lines are collected by a thread."""
+# The JSON objects a worker prints: steps, summaries and events (ft_bench_worker).
+WORKER_RECORDS = r'\{"(?:rank|summary|event)"[^{}]*\}'
 
-    def __init__(self, argv, env):
+
+class Job:
+    """A launcher whose workers' JSON lines (the objects `pattern` finds) are
+    collected by a thread."""
+
+    def __init__(self, argv, env, pattern=WORKER_RECORDS):
+        self.pattern = pattern
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, text=True)
         self.steps = []
@@ -74,7 +80,7 @@ class Job:
         for line in self.proc.stdout:
             self.lines.append(line)
             # Workers sharing a pipe may land on one line: take every object.
-            for text in re.findall(r'\{"(?:rank|summary|event)"[^{}]*\}', line):
+            for text in re.findall(self.pattern, line):
                 record = json.loads(text)
                 with self.lock:
                     if "event" in record:
@@ -82,18 +88,19 @@ class Job:
                     else:
                         (self.summaries if "summary" in record else self.steps).append(record)
 
-    def wait_for(self, what, predicate, limit=120):
+    def wait_for(self, what, predicate, limit=120, count=1):
+        """The step records `predicate` accepts, once there are `count` of them."""
         deadline = time.time() + limit
         while time.time() < deadline:
             with self.lock:
                 got = [r for r in self.steps if predicate(r)]
-            if got:
+            if len(got) >= count:
                 return got
             if self.proc.poll() is not None:
                 time.sleep(0.2)  # the reader's last lines
                 with self.lock:
                     got = [r for r in self.steps if predicate(r)]
-                if got:
+                if len(got) >= count:
                     return got
                 break
             time.sleep(0.005)

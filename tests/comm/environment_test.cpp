@@ -1,8 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "cohort/comm/environment.h"
 #include "cohort/comm/slurm.h"
 #include "cohort/errors.h"
+#include "cohort/store/etcd_options.h"
 
 namespace {
 using namespace cohort::comm;
@@ -33,6 +38,49 @@ TEST(Environment, Torchrun) {
   EXPECT_EQ(w.restart_count, 2);
   EXPECT_EQ(w.run_id, "j");
   EXPECT_FALSE(w.single_node());
+}
+
+// Note [Workers find etcd through their environment]: what an agent under
+// --rdzv-backend etcd gives its workers leads them to the agents' own etcd options.
+TEST(Environment, UnderEtcdTheWorkersStoreIsTheJobsEtcd) {
+  auto env = cohort::store::etcd_worker_variables("e1:2379,e2:2379", {{"protocol", "https"}, {"cacert", "/ca.pem"},
+                                                                      {"user", "trainer"}, {"join_timeout", "9"}});
+  EXPECT_EQ(env.at("COHORT_AGENT_STORE"), "etcd");
+  EXPECT_EQ(env.at("COHORT_ETCD_CONF"), "cacert=/ca.pem,protocol=https,user=trainer") << "only etcd's keys";
+  for (auto [name, value] : std::map<std::string, std::string>{
+           {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "e1"}, {"MASTER_PORT", "2379"},
+           {"TORCHELASTIC_RUN_ID", "job7"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+           {"COHORT_STORE_PREFIX", "/cohort/job7/round_0/worker"}, {"COHORT_ETCD_PASSWORD", "secret"}})
+    env[name] = value;
+  auto w = world_info_from(env);  // checks them: Note [A worker's etcd store]
+  EXPECT_TRUE(w.use_agent_store);
+  EXPECT_FALSE(w.cohort_agent_store);
+  EXPECT_EQ(w.store_prefix, "/cohort/job7/round_0/worker");
+  const auto etcd = cohort::store::etcd_options_from_worker_env(env);
+  EXPECT_EQ(etcd.endpoints(), (std::vector<std::string>{"https://e1:2379", "https://e2:2379"}));
+  EXPECT_EQ(etcd.prefix(), "cohort/job7/") << "the agents' prefix";
+  EXPECT_EQ(etcd.user(), "trainer");
+  EXPECT_EQ(etcd.password(), "secret");
+  EXPECT_EQ(etcd.certificates().ca_file, "/ca.pem");
+  // Each missing piece is named.
+  auto without = [&](const std::string& name) {
+    auto e = env;
+    e.erase(name);
+    return e;
+  };
+  for (const auto& [name, mention] : std::map<std::string, std::string>{
+           {"COHORT_ETCD_ENDPOINTS", "COHORT_ETCD_ENDPOINTS is empty"},
+           {"COHORT_ETCD_PASSWORD", "COHORT_ETCD_PASSWORD is not set"},
+           {"TORCHELASTIC_RUN_ID", "needs a run id"}}) {
+    try {
+      world_info_from(without(name));
+      ADD_FAILURE() << "accepted without " << name;
+    } catch (const cohort::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
+    }
+  }
+  env["COHORT_ETCD_CONF"] = "bogus=1";
+  EXPECT_THROW(world_info_from(env), cohort::ConfigError);
 }
 
 TEST(Environment, HandWrittenRankAndWorldSizeAssumeOneNode) {

@@ -7,6 +7,7 @@
 
 #include "cohort/comm/slurm.h"
 #include "cohort/errors.h"
+#include "cohort/store/etcd_options.h"
 #include "cohort/util/parse.h"
 
 extern char** environ;
@@ -87,8 +88,10 @@ WorldInfo from_torchrun(const EnvMap& env) {
                         "holders of the job's token; start the program with `cohort run`, which sets both");
     w.store_certificates = store::certificates_from(env);
   }
+  // Checked here, so that a bad variable is named at once; make_world_store opens it
+  // (Note [A worker's etcd store] in comm/rendezvous.cpp).
   if (w.use_agent_store && lookup(env, "COHORT_AGENT_STORE").value_or("") == "etcd")
-    w.etcd_store = store::etcd_options_from_worker_env(env);
+    store::etcd_options_from_worker_env(env);
   if (w.world_size > 1 || w.use_agent_store) {
     auto addr = lookup(env, "MASTER_ADDR");
     if (!addr)

@@ -8,11 +8,9 @@
 // of one that needs no network. The environment is read once, at the edge, into an
 // EnvMap, so parsing is a pure function that tests call with any map they like.
 #include <map>
-#include <optional>
 #include <string>
 
 #include "cohort/store/certificates.h"
-#include "cohort/store/etcd_options.h"
 
 namespace cohort::comm {
 
@@ -51,11 +49,6 @@ struct WorldInfo {
   // the site's certificates for that store, or none (docs/store_security.md).
   store::Certificates store_certificates;
   std::string store_prefix;
-  // Under `cohort run --rdzv-backend etcd` (COHORT_AGENT_STORE=etcd): the job's etcd
-  // cluster holds the workers' store too, under store_prefix (Note [Workers find
-  // etcd through their environment] in store/etcd_options.h). MASTER_ADDR/PORT then
-  // name the first etcd member, for messages only.
-  std::optional<store::EtcdStoreOptions> etcd_store;
 
   // Whether the launcher said how many ranks share this host. A hand-written launch
   // that gives only RANK and WORLD_SIZE is assumed to be one host, but not trusted

@@ -5,7 +5,10 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <optional>
+
 #include "cohort/errors.h"
+#include "cohort/store/etcd_options.h"
 #include "cohort/store/store_client.h"
 #include "cohort/util/bytes.h"
 #include "cohort/util/host.h"
@@ -14,10 +17,27 @@ namespace cohort::comm {
 
 namespace {
 
+// Note [A worker's etcd store]
+// Under `cohort run --rdzv-backend etcd` a worker's store is the job's etcd (Note
+// [Workers find etcd through their environment] in store/etcd_options.h).
+// WorldInfo has no field for its options: comm/environment.h is included by nearly
+// every file, and a field there would rebuild half of every tree for one
+// launcher's variables. So world_info_from checks the variables (a bad one is named
+// at once), and the options are read from the process's environment here, where
+// the store is made. A WorldInfo made by hand never leads here unless that
+// environment says COHORT_AGENT_STORE=etcd.
+std::optional<store::EtcdStoreOptions> etcd_of(const WorldInfo& info) {
+  if (!info.use_agent_store || info.cohort_agent_store) return std::nullopt;
+  const auto env = process_environment();
+  const auto it = env.find("COHORT_AGENT_STORE");
+  if (it == env.end() || it->second != "etcd") return std::nullopt;
+  return store::etcd_options_from_worker_env(env);
+}
+
 // A client of the store `info` names: c10d's TCPStore, the cohort agent's
 // authenticated store, or the job's etcd.
 c10::intrusive_ptr<c10d::Store> connect_client(const WorldInfo& info, std::chrono::milliseconds timeout) {
-  if (info.etcd_store) return store::make_etcd_store(store::EtcdStoreOptions(*info.etcd_store).timeout(timeout));
+  if (const auto etcd = etcd_of(info)) return store::make_etcd_store(store::EtcdStoreOptions(*etcd).timeout(timeout));
   if (info.cohort_agent_store)
     return c10::make_intrusive<store::StoreClient>(info.master_addr, info.master_port, info.store_token, timeout,
                                                    info.store_certificates);

@@ -14,8 +14,7 @@ namespace cohort::comm {
 // The store for `info`:
 //  * a world of one with no MASTER_ADDR: an in-memory HashStore, no network;
 //  * under a torchelastic agent (TORCHELASTIC_USE_AGENT_STORE): a client of the
-//    agent's store, prefixed "/worker/attempt_<restart>" as torchrun's workers do
-//    (under `cohort run --rdzv-backend etcd`, of the job's etcd);
+//    agent's store, prefixed "/worker/attempt_<restart>" as torchrun's workers do;
 //  * otherwise: rank 0 hosts a TCPStore at MASTER_ADDR:MASTER_PORT, the others
 //    connect to it.
 // Throws TimeoutError when the store cannot be reached within join_timeout.

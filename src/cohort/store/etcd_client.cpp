@@ -58,6 +58,31 @@ std::string EtcdClient::token(const std::string& stale, const std::string& what,
       nlohmann::json{{"name", options_.user()}, {"password", options_.password()}}.dump();
   std::vector<Said> said(urls_.size());
   const auto start = Clock::now();
+  const bool served = in_turn(deadline, said, [&](std::size_t m) {
+    auto a = attempt(m, "/v3/auth/authenticate", body, "", deadline);
+    if (a.kind == Attempt::Kind::kOk) {
+      token_ = a.reply.value("token", "");
+      return Turn::kServed;
+    }
+    if (a.kind != Attempt::Kind::kUnavailable) {
+      if (mentions(a.why, "authentication is not enabled")) {
+        auth_disabled_ = true;
+        return Turn::kServed;
+      }
+      throw ConfigError(fmt::format(
+          "cohort: etcd auth refused user '{}' at {} (needed for {}): {}\n  fix: check the etcd user and "
+          "password given to cohort (etcdctl user get {} shows the user)",
+          options_.user(), options_.endpoints()[m], what, a.why, options_.user()));
+    }
+    if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
+    return Turn::kNext;
+  });
+  if (served) return token_;
+  fail_all(fmt::format("authentication of user '{}' (for {})", options_.user(), what), said, start);
+}
+
+bool EtcdClient::in_turn(Clock::time_point deadline, const std::vector<Said>& said,
+                         const std::function<Turn(std::size_t)>& visit) {
   auto backoff = milliseconds(50);
   while (true) {
     const auto first = preferred_.load();
@@ -66,31 +91,19 @@ std::string EtcdClient::token(const std::string& stale, const std::string& what,
       // said last round.
       if (i > 0 && Clock::now() >= deadline) break;
       const auto m = (first + i) % urls_.size();
-      auto a = attempt(m, "/v3/auth/authenticate", body, "", deadline);
-      if (a.kind == Attempt::Kind::kOk) {
+      const auto turn = visit(m);
+      if (turn == Turn::kServed) {
         preferred_ = m;
-        token_ = a.reply.value("token", "");
-        return token_;
+        return true;
       }
-      if (a.kind != Attempt::Kind::kUnavailable) {
-        if (mentions(a.why, "authentication is not enabled")) {
-          auth_disabled_ = true;
-          return "";
-        }
-        throw ConfigError(fmt::format(
-            "cohort: etcd auth refused user '{}' at {} (needed for {}): {}\n  fix: check the etcd user and "
-            "password given to cohort (etcdctl user get {} shows the user)",
-            options_.user(), options_.endpoints()[m], what, a.why, options_.user()));
-      }
-      if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
+      if (turn == Turn::kAgain) --i;
     }
     // Note [TLS failures are the configuration's]: no point in going round again.
-    if (std::all_of(said.begin(), said.end(), [](const Said& x) { return x.tls; })) break;
-    if (Clock::now() + backoff >= deadline) break;
+    if (std::all_of(said.begin(), said.end(), [](const Said& x) { return x.tls; })) return false;
+    if (Clock::now() + backoff >= deadline) return false;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, milliseconds(1000));
   }
-  fail_all(fmt::format("authentication of user '{}' (for {})", options_.user(), what), said, start);
 }
 
 void EtcdClient::fail_all(const std::string& what, const std::vector<Said>& said, Clock::time_point start) const {
@@ -123,56 +136,44 @@ nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& r
   auto token = this->token("", what, deadline);
   int authentications = 0;
   std::vector<Said> said(urls_.size());
-  auto backoff = milliseconds(50);
-  while (true) {
-    const auto first = preferred_.load();
-    for (std::size_t i = 0; i < urls_.size(); ++i) {
-      // Past the deadline the rest of the round is not tried; they keep what they
-      // said last round.
-      if (i > 0 && Clock::now() >= deadline) break;
-      const auto m = (first + i) % urls_.size();
-      auto a = attempt(m, path, body, token, deadline);
-      switch (a.kind) {
-        case Attempt::Kind::kOk:
-          preferred_ = m;
-          return std::move(a.reply);
-        case Attempt::Kind::kUnavailable:
-          if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
-          continue;
-        case Attempt::Kind::kUnauthenticated:
-          // Tokens expire (etcd's --auth-token-ttl, 5 min), and all are dropped
-          // when auth is turned off and on: authenticate again, retry this member.
-          if (++authentications > 3)
-            throw ConfigError(fmt::format("cohort: etcd at {} keeps refusing the auth token of user '{}' for {}: {}",
-                                          options_.endpoints()[m], options_.user(), what, a.why));
-          token = this->token(token, what, deadline);
-          --i;
-          continue;
-        case Attempt::Kind::kRefused: break;
-      }
-      const auto& at = options_.endpoints()[m];
-      if (mentions(a.why, "user name is empty") || a.code == kUnauthenticated)
-        throw ConfigError(fmt::format("cohort: etcd at {} requires authentication (etcd auth is enabled) and "
-                                      "refused {}: {}\n  fix: pass the etcd user and password",
-                                      at, what, a.why));
-      if (a.code == kPermissionDenied)
-        throw ConfigError(fmt::format(
-            "cohort: etcd user '{}' may not make the {} at {}: {}\n  fix: grant the user's role readwrite on the "
-            "prefix (etcdctl role grant-permission ROLE --prefix=true readwrite '{}')",
-            options_.user(), what, at, a.why, options_.prefix()));
-      if (a.code == kResourceExhausted || mentions(a.why, "too large"))
-        throw ConfigError(fmt::format("cohort: etcd at {} refused the {} as too large: {}\n  fix: keep values "
-                                      "small, or raise the members' --max-request-bytes (1.5 MiB by default)",
-                                      at, what, a.why));
-      throw CommError(fmt::format("cohort: etcd at {} refused the {}: {}", at, what, a.why));
+  nlohmann::json reply;
+  const bool served = in_turn(deadline, said, [&](std::size_t m) {
+    auto a = attempt(m, path, body, token, deadline);
+    switch (a.kind) {
+      case Attempt::Kind::kOk:
+        reply = std::move(a.reply);
+        return Turn::kServed;
+      case Attempt::Kind::kUnavailable:
+        if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
+        return Turn::kNext;
+      case Attempt::Kind::kUnauthenticated:
+        // Tokens expire (etcd's --auth-token-ttl, 5 min), and all are dropped
+        // when auth is turned off and on: authenticate again, retry this member.
+        if (++authentications > 3)
+          throw ConfigError(fmt::format("cohort: etcd at {} keeps refusing the auth token of user '{}' for {}: {}",
+                                        options_.endpoints()[m], options_.user(), what, a.why));
+        token = this->token(token, what, deadline);
+        return Turn::kAgain;
+      case Attempt::Kind::kRefused: break;
     }
-    // Note [TLS failures are the configuration's]: no point in going round again.
-    if (std::all_of(said.begin(), said.end(), [](const Said& x) { return x.tls; })) break;
-    if (Clock::now() + backoff >= deadline) break;
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, milliseconds(1000));
-  }
-  fail_all(what, said, start);
+    const auto& at = options_.endpoints()[m];
+    if (mentions(a.why, "user name is empty") || a.code == kUnauthenticated)
+      throw ConfigError(fmt::format("cohort: etcd at {} requires authentication (etcd auth is enabled) and "
+                                    "refused {}: {}\n  fix: pass the etcd user and password",
+                                    at, what, a.why));
+    if (a.code == kPermissionDenied)
+      throw ConfigError(fmt::format(
+          "cohort: etcd user '{}' may not make the {} at {}: {}\n  fix: grant the user's role readwrite on the "
+          "prefix (etcdctl role grant-permission ROLE --prefix=true readwrite '{}')",
+          options_.user(), what, at, a.why, options_.prefix()));
+    if (a.code == kResourceExhausted || mentions(a.why, "too large"))
+      throw ConfigError(fmt::format("cohort: etcd at {} refused the {} as too large: {}\n  fix: keep values "
+                                    "small, or raise the members' --max-request-bytes (1.5 MiB by default)",
+                                    at, what, a.why));
+    throw CommError(fmt::format("cohort: etcd at {} refused the {}: {}", at, what, a.why));
+  });
+  if (!served) fail_all(what, said, start);
+  return reply;
 }
 
 }  // namespace cohort::store

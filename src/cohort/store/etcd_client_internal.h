@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -62,6 +63,15 @@ class EtcdClient {
   // The token to send; authenticates first when a user is set and none is held, or
   // when `stale` is the token etcd just refused.
   std::string token(const std::string& stale, const std::string& what, std::chrono::steady_clock::time_point deadline);
+  // What one member's try came to, for in_turn().
+  enum class Turn { kServed, kNext, kAgain };
+  // Note [Members in turn]: tries `visit` on each member, starting with the one
+  // that served last, round after round with a growing pause, until a member is
+  // kServed (it becomes the preferred one; returns true), `deadline` passes, or
+  // every member failed at TLS (returns false). kAgain tries the same member again.
+  // `visit` keeps what each member said in `said`.
+  bool in_turn(std::chrono::steady_clock::time_point deadline, const std::vector<Said>& said,
+               const std::function<Turn(std::size_t member)>& visit);
   // Throws the error for a call that no member served: CommError naming etcd, the
   // members and what each said, or ConfigError when each failed at TLS.
   [[noreturn]] void fail_all(const std::string& what, const std::vector<Said>& said,
