@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <stdexcept>
+
 #include <future>
 #include <set>
 #include <thread>
@@ -51,6 +53,29 @@ std::vector<std::string> beat_until_one_is_dropped(DynamicRendezvous& alive) {
     std::this_thread::sleep_for(50ms);
   }
   return dropped;
+}
+
+// Note [A record deleted under a writer] (found by review): the record deleted
+// between an agent's read and its swap, as the last agent of a finished etcd job
+// deletes it. c10d answers the failed swap with the value the writer sent, and the
+// writer swapped against it forever; now it looks again and writes a new record.
+TEST(DynamicRendezvous, ARecordDeletedUnderAWriterIsWrittenAnew) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  DynamicRendezvous rdzv(store, "job", "a", quick(1, 1));
+  rdzv.update([](RendezvousState& s) {
+    s.round = 3;
+    return true;
+  });
+  int calls = 0;
+  const auto written = rdzv.update([&](RendezvousState& s) {
+    if (++calls == 1) store->deleteKey(rdzv.key("state"));
+    if (calls > 5) throw std::runtime_error("the writer keeps swapping against a deleted record");
+    s.max_restarts = 9;
+    return true;
+  });
+  EXPECT_EQ(calls, 2) << "decided once on the old record, once on none";
+  EXPECT_EQ(written.round, 0) << "the deleted record's round is not written back";
+  EXPECT_EQ(rdzv.read().max_restarts, 9);
 }
 
 TEST(DynamicRendezvous, ConcurrentAgentsAgreeOnOneRoundAndDistinctRanks) {

@@ -115,8 +115,10 @@ TEST(RendezvousState, DeadNodesAreDroppedAndTheRoundGoesOn) {
   // a's watch, on a's own monotonic clock; a beats, b has gone silent.
   HeartbeatWatch watch;
   EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(100'000), settings).empty());
-  heartbeat(s, "a");
-  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(114'000), settings).empty());
+  for (const auto t : {105'000, 110'000, 114'000}) {  // looks no further apart than two beats
+    heartbeat(s, "a");
+    EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(t), settings).empty());
+  }
   heartbeat(s, "a");
   EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(115'000), settings).empty());  // exactly at the bound: alive
   const auto dead = drop_dead_nodes(s, watch, Millis(115'001), settings);
@@ -163,6 +165,35 @@ TEST(HeartbeatWatch, SilenceIsTimedFromWhenThisObserverLastSawABeatChange) {
   EXPECT_EQ(watch.silent(Millis(53'001), bound), (std::vector<std::string>{"b"}));
   EXPECT_TRUE(watch.silent(Millis(55'000), bound).size() == 1u) << "a beat at 52 s: alive until 55 s";
   EXPECT_EQ(watch.silent(Millis(55'001), bound), (std::vector<std::string>{"a", "b"}));
+}
+
+// Note [A blind observer]: an observer that could not read the store for 5 s (etcd
+// out) under a 6 s bound, beats 2 s apart, drops nobody when it reads again, but a
+// peer that stays silent afterwards is dropped a bound after the gap.
+TEST(HeartbeatWatch, TheTimeAnObserverCouldNotReadCountsAgainstNobody) {
+  RendezvousSettings settings = RendezvousSettings(1, 2).keep_alive_interval(seconds(2)).keep_alive_max_missed(3);
+  RendezvousState s;
+  join(s, "a", Millis(0), settings);
+  join(s, "b", Millis(0), settings);
+  ASSERT_TRUE(s.complete);
+  HeartbeatWatch watch;  // a's
+  for (const auto t : {0, 2'000, 4'000}) {
+    heartbeat(s, "a");
+    heartbeat(s, "b");
+    ASSERT_TRUE(drop_dead_nodes(s, watch, Millis(t), settings).empty());
+  }
+  // a could not read from 4 s to 9 s; b's beats in that time were written but b's
+  // last one before the outage is what a sees (b is itself blocked on the store).
+  heartbeat(s, "a");
+  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(9'000), settings).empty()) << "5 s blind: nobody is dropped";
+  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(10'500), settings).empty());
+  heartbeat(s, "a");
+  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(12'000), settings).empty());
+  heartbeat(s, "a");
+  EXPECT_TRUE(drop_dead_nodes(s, watch, Millis(14'000), settings).empty()) << "b silent for 5 s since a could read again";
+  heartbeat(s, "a");
+  EXPECT_EQ(drop_dead_nodes(s, watch, Millis(15'500), settings), (std::vector<std::string>{"b"}))
+      << "b silent for more than the bound since a could read again";
 }
 
 TEST(HeartbeatWatch, ANodeThatLeftAndCameBackIsNew) {
@@ -274,6 +305,9 @@ TEST(RendezvousState, AHeldRoundKeepsItsSlotsAndANewcomerTakesAVacantOne) {
   EXPECT_EQ(join(s, "d", Millis(1), settings), JoinAction::kWait);
   HeartbeatWatch watch;
   drop_dead_nodes(s, watch, Millis(0), settings);
+  heartbeat(s, "a");
+  heartbeat(s, "c");
+  drop_dead_nodes(s, watch, Millis(1'000), settings);  // a look per beat (Note [A blind observer])
   heartbeat(s, "a");
   heartbeat(s, "c");
   EXPECT_EQ(drop_dead_nodes(s, watch, Millis(2'001), settings), (std::vector<std::string>{"b"}));

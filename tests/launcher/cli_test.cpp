@@ -148,9 +148,12 @@ TEST(Cli, EtcdBackendTakesTheMembersAndTheEtcdKeysOfRdzvConf) {
   EXPECT_EQ(cohort::launcher::rendezvous_conf(o), "join_timeout=30");
   const std::map<std::string, std::string> etcd{{"protocol", "https"}, {"cacert", "/ca.pem"}, {"user", "trainer"}};
   EXPECT_EQ(cohort::launcher::etcd_conf(o), etcd);
-  EXPECT_TRUE(cohort::launcher::uses_etcd(parse({"--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "e1:2379", "prog"})));
+  EXPECT_TRUE(cohort::launcher::uses_etcd(
+      parse({"--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "e1:2379", "--rdzv-id", "j", "prog"})));
 
-  const std::vector<std::string> base{"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379"};
+  expect_usage_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379", "prog"},
+                     "jobs without one would share the keys of `none`");
+  const std::vector<std::string> base{"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379", "--rdzv-id", "j"};
   auto with = [&](std::vector<std::string> extra) {
     auto args = base;
     args.insert(args.end(), extra.begin(), extra.end());
@@ -158,14 +161,15 @@ TEST(Cli, EtcdBackendTakesTheMembersAndTheEtcdKeysOfRdzvConf) {
     return args;
   };
   expect_usage_error({"--rdzv-backend", "etcd", "prog"}, "the etcd members' client addresses");
-  expect_usage_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1", "prog"}, "'e1' in 'e1' is not host:port");
-  expect_usage_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379,", "prog"}, "is not host:port");
+  expect_usage_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1", "--rdzv-id", "j", "prog"}, "'e1' in 'e1' is not host:port");
+  expect_usage_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379,", "--rdzv-id", "j", "prog"}, "is not host:port");
   expect_usage_error(with({"--rdzv-conf", "worker_store=tcpstore"}), "stock c10d workers cannot speak");
   expect_usage_error(with({"--rdzv-conf", "protocol=ftp"}), "protocol=ftp is neither http nor https");
   expect_usage_error(with({"--rdzv-conf", "cert=/c.pem"}), "both a client certificate and its key");
   expect_usage_error(with({"--rdzv-conf", "bogus=1"}), "bogus");
   expect_usage_error(with({"--standalone"}), "--standalone");
-  expect_usage_error(with({"--rdzv-id", "team/job"}), "--rdzv-id team/job holds a '/'");
+  expect_usage_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379", "--rdzv-id", "team/job", "prog"},
+                     "--rdzv-id team/job holds a '/'");
   // An etcd key given to the c10d backend names the backend it belongs to.
   expect_usage_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5", "--rdzv-conf", "cacert=/ca.pem", "prog"},
                      "belongs to the etcd rendezvous");

@@ -130,12 +130,54 @@ TEST(EtcdLaunch, AJobWhoseEtcdLosesItsQuorumStopsWithAnErrorNamingEtcd) {
   const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - lost_at).count();
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_EQ(r.exit_code, 1) << describe(r);
-  EXPECT_NE(r.err.find("lost the job's etcd (etcd at " + cluster.endpoint_list() + ")"), std::string::npos)
+  EXPECT_NE(r.err.find("lost the job's etcd (etcd at "), std::string::npos)
       << describe(r);
   EXPECT_NE(r.err.find("Bring back a majority of the etcd members"), std::string::npos) << describe(r);
   EXPECT_TRUE(gone_within(worker, 10s)) << "a worker outlived its agent\n" << describe(r);
   // The heartbeat bound is 6 s (3 x 2 s), a request's failover as long.
   EXPECT_LT(took, 60.0) << describe(r);
+}
+
+// Note [An abandoned record in etcd] (found by review): a job of two nodes killed
+// whole leaves its record in etcd. A new job under the same id, with other
+// settings, used to join it and be refused ("this job runs with --nnodes 2"); now
+// its agent finds no heartbeat in the record, deletes the dead job's keys and runs.
+TEST(EtcdLaunch, AJobKilledWholeLeavesNothingThatHoldsTheNextJobUnderItsId) {
+  cohort::testing::EtcdCluster cluster(3);
+  const auto id = fresh_run_id();
+  const std::string conf = "join_timeout=60,last_call_timeout=1,keep_alive_interval=1";
+  auto agent = [&](const std::string& nnodes, const std::string& script) {
+    return std::vector<std::string>{COHORT_CLI_PATH,  "run",    "--nnodes", nnodes, "--rdzv-backend", "etcd",
+                                    "--rdzv-endpoint", cluster.endpoint_list(), "--rdzv-id", id, "--rdzv-conf", conf,
+                                    "--max-restarts", "3", "--", "/bin/sh", "-c", script};
+  };
+  const std::string runs = "echo worker $RANK of $WORLD_SIZE pid $$; exec sleep 600";
+  cohort::testing::Subprocess a(agent("2", runs), {});
+  cohort::testing::Subprocess b(agent("2", runs), {});
+  std::smatch m;
+  const std::regex started("worker \\d of 2 pid (\\d+)");
+  ASSERT_TRUE(a.read_until([&](const std::string& out) { return std::regex_search(out, m, started); }, 60s))
+      << a.out() << a.err();
+  const pid_t worker_a = std::stoi(m[1]);
+  ASSERT_TRUE(b.read_until([&](const std::string& out) { return std::regex_search(out, m, started); }, 60s))
+      << b.out() << b.err();
+  const pid_t worker_b = std::stoi(m[1]);
+  ::kill(a.pid(), SIGKILL);
+  ::kill(b.pid(), SIGKILL);
+  a.finish(30s);
+  b.finish(30s);
+  ASSERT_TRUE(gone_within(worker_a, 10s) && gone_within(worker_b, 10s)) << "a worker outlived its agent";
+  ASSERT_NE(keys_of(cluster, id), "") << "the killed job left its keys";
+
+  auto r = cohort::testing::run_process(agent("1", "echo worker $RANK of $WORLD_SIZE restart $TORCHELASTIC_RESTART_COUNT"),
+                                        120s);
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("was a job that no agent runs any more (round 0, 2 node(s) in it"), std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.out.find("worker 0 of 1 restart 0"), std::string::npos) << describe(r);
+  EXPECT_EQ(r.err.find("round 1"), std::string::npos) << "a new job starts at round 0\n" << describe(r);
+  EXPECT_EQ(keys_of(cluster, id), "") << describe(r);
 }
 
 // An etcd that never answers: the agent says so, names the members and the fix,

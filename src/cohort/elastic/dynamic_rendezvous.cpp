@@ -47,18 +47,18 @@ DynamicRendezvous::DynamicRendezvous(c10::intrusive_ptr<c10d::Store> store, std:
 std::string DynamicRendezvous::key(const std::string& name) const { return prefix_ + name; }
 
 RendezvousState DynamicRendezvous::read() {
-  const auto k = key("state");
-  // get() blocks on a missing key, so look first; the record is never deleted.
-  if (!store_->check({k})) return RendezvousState{};
-  auto state = decode(util::from_bytes(store_->get(k)));
-  watch_.observe(state, steady_now());
+  // One look: get() would block on a missing key, and under etcd the record may be
+  // deleted between two calls (Note [A record deleted under a writer]).
+  const auto seen = store::look(*store_, key("state"));
+  if (!seen) return RendezvousState{};
+  auto state = decode(util::from_bytes(*seen));
+  watch_.observe(state, steady_now(), blind_after(settings_));
   return state;
 }
 
 RendezvousState DynamicRendezvous::update(const std::function<bool(RendezvousState&)>& change) {
   const auto k = key("state");
-  std::vector<std::uint8_t> seen;
-  if (store_->check({k})) seen = store_->get(k);
+  auto seen = store::look(*store_, k).value_or(std::vector<std::uint8_t>{});
   while (true) {
     const RendezvousState before = seen.empty() ? RendezvousState{} : decode(util::from_bytes(seen));
     RendezvousState state = before;
@@ -73,6 +73,12 @@ RendezvousState DynamicRendezvous::update(const std::function<bool(RendezvousSta
       }
       return state;
     }
+    // Note [A record deleted under a writer]: c10d answers a failed swap on a key
+    // that is not there with the expected value, `seen` itself. Under etcd the last
+    // agent of a finished job deletes the record (Note [A finished job's keys in
+    // etcd] in launcher/elastic_agent.cpp), and a writer that had read it would
+    // swap against it forever: so an answer equal to `seen` is looked at again.
+    if (now_there == seen) now_there = store::look(*store_, k).value_or(std::vector<std::uint8_t>{});
     seen = std::move(now_there);  // somebody else wrote first: decide again on theirs
   }
 }

@@ -225,7 +225,10 @@ void heartbeat(RendezvousState& state, const std::string& node) {
   if (state.participants.count(node) > 0 || state.wait_list.count(node) > 0) state.heartbeats[node] = ++state.beats;
 }
 
-void HeartbeatWatch::observe(const RendezvousState& state, Millis now) {
+void HeartbeatWatch::observe(const RendezvousState& state, Millis now, Millis blind_after) {
+  if (last_look_ && now - *last_look_ > blind_after)  // Note [A blind observer]
+    for (auto& [node, seen] : seen_) seen.since += now - *last_look_;
+  last_look_ = now;
   for (auto it = seen_.begin(); it != seen_.end();)
     it = state.heartbeats.count(it->first) ? std::next(it) : seen_.erase(it);  // gone: forget it
   for (const auto& [node, beat] : state.heartbeats) {
@@ -241,9 +244,11 @@ std::vector<std::string> HeartbeatWatch::silent(Millis now, Millis bound) const 
   return out;
 }
 
+Millis blind_after(const RendezvousSettings& settings) { return settings.keep_alive_interval() * 2; }
+
 std::vector<std::string> drop_dead_nodes(RendezvousState& state, HeartbeatWatch& watch, Millis now,
                                          const RendezvousSettings& settings) {
-  watch.observe(state, now);
+  watch.observe(state, now, blind_after(settings));
   const auto dead = watch.silent(now, settings.keep_alive_interval() * settings.keep_alive_max_missed());
   for (const auto& node : dead) leave(state, node, settings);
   return dead;

@@ -165,7 +165,14 @@ void heartbeat(RendezvousState& state, const std::string& node);
 class HeartbeatWatch {
  public:
   // Looks at the record at `now` (this observer's monotonic clock).
-  void observe(const RendezvousState& state, Millis now);
+  //
+  // Note [A blind observer]: an observer that could not read the store for a while
+  // (the store, or etcd, was out) saw no beat change in that time, and would drop
+  // every peer at once when it reads again. So when its last look was more than
+  // `blind_after` ago, the time in between counts against nobody: each peer's
+  // silence is timed from before the gap (found by review: a 4 s outage of every
+  // etcd member dropped a healthy node under a 6 s bound).
+  void observe(const RendezvousState& state, Millis now, Millis blind_after = Millis::max());
   // The nodes of the record last observed whose beat has not changed for more than
   // `bound` at `now`.
   std::vector<std::string> silent(Millis now, Millis bound) const;
@@ -176,7 +183,13 @@ class HeartbeatWatch {
     Millis since;
   };
   std::map<std::string, Seen> seen_;
+  std::optional<Millis> last_look_;
 };
+
+// An observer whose looks are further apart than this was blind in between (Note
+// [A blind observer]): twice the heartbeat interval, since the agents' heartbeat
+// threads look once an interval.
+Millis blind_after(const RendezvousSettings& settings);
 
 // Observes the record with `watch` at `now` (the observer's monotonic clock), then
 // drops the nodes silent for longer than the keep-alive bound; returns them.

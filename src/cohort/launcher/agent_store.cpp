@@ -278,20 +278,33 @@ AgentStore open_etcd_agent_store(const RunOptions& options, const comm::EnvMap& 
   } catch (const ConfigError& e) {
     throw UsageError(fmt::format("--rdzv-endpoint {}: {}", options.rdzv_endpoint, e.what()));
   }
-  // The first answer: member by member, in short tries, watching the signals.
+  // Note [The first member that answers]: member by member, in short tries, watching
+  // the signals; the one that answers goes first in the job's list, so that every
+  // client made after (this agent's, its heartbeats', its workers') starts with a
+  // member that serves rather than paying request_timeout on one that hangs.
+  auto members = s.etcd->endpoints();
+  const auto per_member = std::min<std::chrono::milliseconds>(
+      {timeout, s.etcd->request_timeout(), std::chrono::milliseconds(2000)});
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const auto first_try = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(2));
-  while (true) {
+  std::vector<std::string> said(members.size());
+  for (std::size_t m = 0;; m = (m + 1) % members.size()) {
     try {
-      store::make_etcd_store(store::EtcdStoreOptions(*s.etcd).failover_timeout(first_try))->check({"job"});
+      store::make_etcd_store(store::EtcdStoreOptions(*s.etcd)
+                                 .endpoints({members[m]})
+                                 .request_timeout(per_member)
+                                 .failover_timeout(per_member))
+          ->check({"job"});
+      std::rotate(members.begin(), members.begin() + static_cast<std::ptrdiff_t>(m), members.end());
+      s.etcd->endpoints(members);
       break;
     } catch (const CommError& e) {
+      said[m] = e.what();
       if (std::chrono::steady_clock::now() >= deadline)
-        throw CommError(fmt::format("cohort run: no member of the job's etcd ({}) answered within {:.0f} s: {}\n  "
-                                    "fix: check that etcd runs and that this host reaches it (`etcdctl "
+        throw CommError(fmt::format("cohort run: no member of the job's etcd ({}) answered within {:.0f} s:\n  "
+                                    "{}\n  fix: check that etcd runs and that this host reaches it (`etcdctl "
                                     "--endpoints={} endpoint health`), or raise --rdzv-conf join_timeout",
-                                    fmt::join(s.etcd->endpoints(), ","), std::chrono::duration<double>(timeout).count(),
-                                    e.what(), options.rdzv_endpoint));
+                                    fmt::join(members, ","), std::chrono::duration<double>(timeout).count(),
+                                    fmt::join(said, "\n  "), options.rdzv_endpoint));
     } catch (const ConfigError& e) {
       // etcd refused the credentials or TLS, or this build has no etcd store: each says so.
       throw UsageError(fmt::format("--rdzv-endpoint {}: {}", options.rdzv_endpoint, e.what()));

@@ -13,6 +13,7 @@
 #include "cohort/comm/rendezvous.h"
 #include "cohort/elastic/dynamic_rendezvous.h"
 #include "cohort/launcher/agent_store.h"
+#include "cohort/launcher/etcd_record.h"
 #include "cohort/launcher/failure_record.h"
 #include "cohort/launcher/in_process.h"
 #include "cohort/launcher/keep_alive.h"
@@ -156,7 +157,7 @@ c10::intrusive_ptr<c10d::Store> workers_view(const AgentStore& store, const std:
 // The job's --nnodes and --max-restarts, fixed by its first agent in the record
 // (Note [Rendezvous rounds]); returns the job's restart limit. Throws UsageError,
 // leaving the record as it was, when this agent's --nnodes is not the job's.
-std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
+std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o, const std::string& stale_hint) {
   const std::pair<int, int> mine{o.min_nodes, o.max_nodes};
   std::pair<int, int> job = mine;
   const bool held = in_process_fault_tolerance(o);
@@ -175,56 +176,21 @@ std::int64_t adopt_job_settings(DynamicRendezvous& rdzv, const RunOptions& o) {
     throw UsageError(fmt::format("--nnodes {}: this job (--rdzv-id {}) runs with --nnodes {}, set by its first "
                                  "agent; agents that disagree on the number of nodes would never agree on a round, "
                                  "so this one does not join (the job goes on without it).\n  fix: start every "
-                                 "agent of the job with --nnodes {}",
-                                 elastic::nnodes_text(mine.first, mine.second), o.run_id, theirs, theirs));
+                                 "agent of the job with --nnodes {}{}",
+                                 elastic::nnodes_text(mine.first, mine.second), o.run_id, theirs, theirs, stale_hint));
   }
   if (job_held != held)
     throw UsageError(fmt::format("--fault-tolerance {}: this job (--rdzv-id {}) runs with --fault-tolerance {}, set "
                                  "by its first agent; one node restarting every worker while another replaces them "
                                  "alone would never agree, so this agent does not join.\n  fix: start every agent of "
-                                 "the job with --fault-tolerance {}",
+                                 "the job with --fault-tolerance {}{}",
                                  o.fault_tolerance, o.run_id, job_held ? "in-process" : "none",
-                                 job_held ? "in-process" : "none"));
+                                 job_held ? "in-process" : "none", stale_hint));
   if (max_restarts != o.max_restarts)
     fmt::print(stderr, "cohort run: warning: this job runs with --max-restarts {}, set by its first agent; this "
-                       "agent's --max-restarts {} is ignored\n",
-               max_restarts, o.max_restarts);
+                       "agent's --max-restarts {} is ignored{}\n",
+               max_restarts, o.max_restarts, stale_hint);
   return max_restarts;
-}
-
-// Note [A finished job's keys in etcd]: etcd outlives the job, so the last agent to
-// leave a closed job deletes its keys (under "cohort/<run id>/"), and the same
-// --rdzv-id can start a new job. An agent that sees others still in the record
-// leaves them the duty; keys of a job whose last agents were killed stay, and a new
-// job under that id is told how to delete them (closed_record_hint).
-class ForgetsFinishedJob {
- public:
-  ForgetsFinishedJob(DynamicRendezvous& rdzv, const AgentStore& store) : rdzv_(rdzv), store_(store) {}
-  ForgetsFinishedJob(const ForgetsFinishedJob&) = delete;
-  ForgetsFinishedJob& operator=(const ForgetsFinishedJob&) = delete;
-  ~ForgetsFinishedJob() {
-    if (!store_.etcd) return;
-    try {
-      const auto s = rdzv_.read();
-      if (!s.closed || !s.participants.empty() || !s.wait_list.empty()) return;
-      store::delete_etcd_prefix(*store_.etcd);
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "cohort run: warning: could not delete the finished job's keys in etcd ({}): {}\n",
-                 store_.etcd->prefix(), e.what());
-    }
-  }
-
- private:
-  DynamicRendezvous& rdzv_;
-  const AgentStore& store_;
-};
-
-std::string closed_record_hint(const AgentStore& store, const std::string& run_id) {
-  if (!store.etcd) return "";
-  return fmt::format("cohort run: the job's record in etcd (keys under {}) says that job (--rdzv-id {}) has "
-                     "finished. If this is a new job, give it a --rdzv-id of its own, or delete the old job's keys: "
-                     "etcdctl --endpoints={} del --prefix {}\n",
-                     store.etcd->prefix(), run_id, fmt::join(store.etcd->endpoints(), ","), store.etcd->prefix());
 }
 
 // The agent's store: the job's etcd, or cohort's store hosted by the agent on the
@@ -272,8 +238,16 @@ int run_elastic_agent(const AgentSetup& setup) {
   DynamicRendezvous rdzv(store.client, setup.run_id, node, settings);
   // Destroyed after the heartbeats below have stopped: no beat may write the record again.
   ForgetsFinishedJob forgets(rdzv, store);
+  try {
+    clear_abandoned_record(rdzv, store, [&] {
+      if (int sig = pending_signal(setup.signal_fd)) throw SignalReceived{sig};
+    });
+  } catch (const SignalReceived& s) {
+    fmt::print(stderr, "cohort run: stopped by signal {} while looking at the job's record\n", sigabbrev_np(s.sig));
+    return 128 + s.sig;
+  }
   // Before anything joins: an agent that disagrees with the job is refused here.
-  const auto max_restarts = adopt_job_settings(rdzv, o);
+  const auto max_restarts = adopt_job_settings(rdzv, o, stale_record_hint(store));
   // Heartbeats on a connection of their own, never queued behind the main thread.
   DynamicRendezvous beats(store.another(), setup.run_id, node, settings);
   KeepAlive keep_alive(beats);
@@ -315,7 +289,9 @@ int run_elastic_agent(const AgentSetup& setup) {
   comm::EnvMap env = without_launcher_variables(setup.env);
   if (store.etcd) {
     // Note [Workers find etcd through their environment]
-    for (auto& [name, value] : store::etcd_worker_variables(o.rdzv_endpoint, etcd_conf(o))) env[name] = value;
+    // The members in the agent's order: the first answered it (Note [The first member that answers]).
+    const auto members = fmt::format("{}", fmt::join(store.etcd->endpoints(), ","));
+    for (auto& [name, value] : store::etcd_worker_variables(members, etcd_conf(o))) env[name] = value;
   } else if (!tcpstore) {
     env["COHORT_AGENT_STORE"] = "cohort";
     env["COHORT_RDZV_TOKEN"] = token;
@@ -454,7 +430,13 @@ int run_elastic_agent(const AgentSetup& setup) {
   } catch (const SignalReceived& s) {
     return stopped_by(s.sig);
   } catch (const elastic::RendezvousClosedError&) {
-    if (attempt == 0) fmt::print(stderr, "{}", closed_record_hint(store, setup.run_id));
+    // Under etcd a closed record met before any round may be another job's: no work
+    // was done here, and a scheduler must not read that as success.
+    if (attempt == 0 && store.etcd) {
+      fmt::print(stderr, "{}", closed_record_hint(store, setup.run_id));
+      leave_quietly();
+      return 2;
+    }
     try {
       return report_closed(rdzv, role, check);
     } catch (const SignalReceived& s) {
@@ -465,11 +447,13 @@ int run_elastic_agent(const AgentSetup& setup) {
       leave_quietly();
       throw;
     }
+    forgets.store_lost();
     fmt::print(stderr, "cohort run: the rendezvous store at {} stopped answering: {}\n  Every worker here has "
                        "been stopped. Restart the job (it resumes from its last checkpoint).\n",
                store.where(), e.what());
     return 1;
   } catch (const CommError& e) {
+    forgets.store_lost();
     if (store.etcd) {
       fmt::print(stderr, "cohort run: lost the job's etcd ({}): {}\n  No member of the etcd cluster could serve "
                          "this agent: most likely a majority of its members is down, and etcd serves nothing "

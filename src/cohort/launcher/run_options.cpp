@@ -257,6 +257,11 @@ void validate_etcd(const RunOptions& o) {
   if (o.rdzv_endpoint.empty())
     throw UsageError("--rdzv-endpoint: --rdzv-backend etcd needs the etcd members' client addresses, "
                      "HOST:2379[,HOST:2379...] (give every member, so that the job outlives any one of them)");
+  // Jobs share an etcd cluster, and the default id would make two of them one.
+  if (o.run_id == "none")
+    throw UsageError("--rdzv-id: --rdzv-backend etcd keeps each job under its run id, and jobs without one would "
+                     "share the keys of `none`, joining one another's rendezvous; give every node of the job the "
+                     "same --rdzv-id of its own (a scheduler's job id)");
   try {
     store::parse_etcd_endpoints(o.rdzv_endpoint);
     const auto conf = etcd_conf(o);

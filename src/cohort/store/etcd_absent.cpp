@@ -17,5 +17,8 @@ namespace {
 
 c10::intrusive_ptr<c10d::Store> make_etcd_store(const EtcdStoreOptions&) { absent(); }
 std::int64_t delete_etcd_prefix(const EtcdStoreOptions&) { absent(); }
+bool delete_etcd_prefix_if(const EtcdStoreOptions&, const std::string&, const std::vector<std::uint8_t>&) {
+  absent();
+}
 
 }  // namespace cohort::store

@@ -97,6 +97,13 @@ bool EtcdClient::in_turn(Clock::time_point deadline, const std::vector<Said>& sa
         return true;
       }
       if (turn == Turn::kAgain) --i;
+      // Note [A member that hangs]: the next call starts past a member that did not
+      // serve, so that one that holds requests for request_timeout (stopped, a stuck
+      // disk) costs this client that once, not at every call.
+      if (turn == Turn::kNext) {
+        auto failed = m;
+        preferred_.compare_exchange_strong(failed, (m + 1) % urls_.size());
+      }
     }
     // Note [TLS failures are the configuration's]: no point in going round again.
     if (std::all_of(said.begin(), said.end(), [](const Said& x) { return x.tls; })) return false;
@@ -121,6 +128,17 @@ void EtcdClient::fail_all(const std::string& what, const std::vector<Said>& said
         "cohort: etcd: no member of {} would make a TLS session for the {}: {}\n  fix: check the etcd store's CA, "
         "client certificate and key, and that the endpoints' scheme (http:// or https://) is the members' own",
         members(), what, fmt::join(each, "; ")));
+  // A member not reached before the deadline says nothing of the quorum: one that
+  // hangs held the whole of it (Note [A member that hangs]).
+  const Said untried;
+  if (std::any_of(said.begin(), said.end(), [&](const Said& x) { return x.why == untried.why; }))
+    throw CommError(fmt::format(
+        "cohort: etcd: no member of {} served the {} within {:.1f} s, and some were not reached before that "
+        "deadline; {}\n  a member that hangs holds each request for request_timeout ({:.1f} s)\n  fix: check the "
+        "members (etcdctl endpoint health --cluster), or give the store a failover_timeout that covers a "
+        "request_timeout per member",
+        members(), what, seconds(Clock::now() - start), fmt::join(each, "; "),
+        seconds(options_.request_timeout())));
   throw CommError(fmt::format(
       "cohort: etcd: no member of {} could serve the {} within {:.1f} s; {}\n  the etcd cluster has most likely "
       "lost its quorum (a majority of its members down or cut off), or none of these members is running\n  "

@@ -99,4 +99,9 @@ c10::intrusive_ptr<c10d::Store> make_etcd_store(const EtcdStoreOptions& options)
 // member answers.
 std::int64_t delete_etcd_prefix(const EtcdStoreOptions& options);
 
+// The same, in one etcd transaction, only while `key` (under the prefix) still holds
+// `value`: a job's record is cleared only as it was read. Returns whether it was.
+bool delete_etcd_prefix_if(const EtcdStoreOptions& options, const std::string& key,
+                           const std::vector<std::uint8_t>& value);
+
 }  // namespace cohort::store

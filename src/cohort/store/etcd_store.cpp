@@ -234,6 +234,21 @@ std::int64_t delete_etcd_prefix(const EtcdStoreOptions& options) {
   return number(reply, "deleted");
 }
 
+bool delete_etcd_prefix_if(const EtcdStoreOptions& options, const std::string& key, const Bytes& value) {
+  EtcdClient client(options);
+  const auto& prefix = options.prefix();
+  const nlohmann::json txn = {
+      {"compare", nlohmann::json::array({{{"key", key64(client, key)},
+                                          {"target", "VALUE"},
+                                          {"result", "EQUAL"},
+                                          {"value", base64_encode(value)}}})},
+      {"success", nlohmann::json::array({{{"request_delete_range",
+                                           {{"key", base64_encode(prefix)},
+                                            {"range_end", base64_encode(prefix_end(prefix))}}}}})}};
+  return client.call("/v3/kv/txn", txn, fmt::format("conditional delete of every key under '{}'", prefix))
+      .value("succeeded", false);
+}
+
 c10::intrusive_ptr<c10d::Store> EtcdStore::clone() {
   return c10::make_intrusive<EtcdStore>(EtcdStoreOptions(options()).timeout(timeout()));
 }
