@@ -76,7 +76,8 @@ class Session {
   Step read_some(std::uint8_t* data, std::size_t n, std::size_t& got);
   // Sends from the front of `data`; `written` says how much was taken.
   Step write_some(const std::uint8_t* data, std::size_t n, std::size_t& written);
-  // Plaintext OpenSSL has decrypted but not handed out yet (poll() cannot see it).
+  // Plaintext OpenSSL has decrypted but not handed out yet: no longer in the socket,
+  // so epoll cannot see it (Note [Buffered TLS plaintext] in store/server_loop.h).
   bool has_buffered() const;
   // A close_notify, best effort, without waiting for the peer's.
   void shutdown();
