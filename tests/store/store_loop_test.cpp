@@ -155,8 +155,10 @@ TEST(StoreLoop, WaitersOfSeveralKeysAndManyWaitersOfOneKey) {
 // Requests a peer sends without waiting for replies: behind a parked GET in one TLS
 // record, then as many records as the loop reads at one wake-up (16) four times over,
 // written at once. Every one is answered, in order, with no more bytes from the peer:
-// what the loop leaves in the socket or in the connection's buffer is served
-// without waiting for more (Note [The loop's cost per wake-up]).
+// what the loop leaves in the connection's buffer, in OpenSSL (which reads the whole
+// burst ahead in one recv(); Note [Buffered TLS plaintext]) or in the socket is
+// served without waiting for more. Without the loop's list of connections with
+// buffered TLS data, reply 82 never comes.
 TEST(StoreLoop, RequestsPipelinedInOneBurstAreAllServedInOrder) {
   LoopOnThread server;
   auto writer = server.client();

@@ -1,7 +1,9 @@
 #pragma once
 // A raw socket that completes the store's TLS handshake with a token and then
 // sends and receives whatever a test wants inside it: forged or pipelined
-// requests, or nothing at all after the handshake.
+// requests, or nothing at all after the handshake. Every read and write is bounded
+// (10 s).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -45,6 +47,8 @@ struct HandRolled {
 inline std::unique_ptr<HandRolled> tls_peer(int port, const std::string& token) {
   auto peer = std::make_unique<HandRolled>();
   peer->fd = connect_raw(port);
+  // Non-blocking, so that every read and write is bounded by the helpers' deadline.
+  ::fcntl(peer->fd, F_SETFL, ::fcntl(peer->fd, F_GETFL) | O_NONBLOCK);
   peer->context = std::make_unique<store::tls::Context>(store::tls::Role::kClient, token);
   peer->session = std::make_unique<store::tls::Session>(*peer->context, peer->fd);
   EXPECT_EQ(peer->session->handshake(HandRolled::deadline()), store::net::Io::kDone) << peer->session->error();

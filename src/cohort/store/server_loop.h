@@ -94,14 +94,18 @@ inline constexpr auto kLinger = std::chrono::seconds(1);
 // the end of the round, since the events epoll_wait returned may still name it; an
 // event names a connection by id, never by pointer, so a late one finds nothing.
 //
-// Note [Buffered TLS plaintext]: OpenSSL reads a whole record from the socket and
-// may hand out less than it decrypted; those bytes are no longer in the socket, so
-// epoll will not report them. Session::has_buffered() (SSL_pending) says so; such a
-// connection waits in buffered_ and is read at the next round, which then does not
-// sleep. Not SSL_has_pending: it is also true for part of a record still to come,
-// which only the socket can complete, and would spin the loop. Without read-ahead
-// (OpenSSL's default, which tls.cpp keeps) OpenSSL takes one record at a time from
-// the socket, so whole records left behind stay in the socket, where epoll sees them.
+// Note [Buffered TLS plaintext]: OpenSSL reads ahead (tls.cpp): one recv() takes
+// whatever the socket holds, up to its buffer, so a request costs the server one
+// recv(), not one for a record's header and one for its body. What it took but has
+// not handed out yet (decrypted plaintext, or whole records of a burst) is no
+// longer in the socket, and epoll will not report it. Session::has_buffered()
+// (SSL_has_pending) says so; such a connection waits in buffered_, and is read at
+// the next round, which then does not sleep. SSL_has_pending is also true for part
+// of a record whose rest only the socket can bring, which would spin the loop; so
+// has_buffered() is false from a read that wanted the socket until one that got
+// something, and epoll reports the rest when it comes. For the same reason
+// read_frames stops once OpenSSL holds nothing more (the socket's rest is reported
+// again), rather than asking the socket once more only to hear EAGAIN.
 //
 // Note [Waking waiters by key]: a GET, WAIT or MULTI_GET whose keys are missing is
 // parked under each of its keys (ServerLoop::park). A SET, COMPARE_SET, ADD,
