@@ -120,9 +120,6 @@ void ServerLoop::read_frames(Connection& c) {
     }
     c.in.insert(c.in.end(), chunk, chunk + got);
     process_frames(c);
-    // Nothing more in OpenSSL: what the socket holds, epoll reports (Note [Buffered
-    // TLS plaintext]); asking it now would mostly hear EAGAIN.
-    if (!c.tls->has_buffered()) return;
   }
 }
 

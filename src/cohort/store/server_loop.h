@@ -103,9 +103,11 @@ inline constexpr auto kLinger = std::chrono::seconds(1);
 // the next round, which then does not sleep. SSL_has_pending is also true for part
 // of a record whose rest only the socket can bring, which would spin the loop; so
 // has_buffered() is false from a read that wanted the socket until one that got
-// something, and epoll reports the rest when it comes. For the same reason
-// read_frames stops once OpenSSL holds nothing more (the socket's rest is reported
-// again), rather than asking the socket once more only to hear EAGAIN.
+// something, and epoll reports the rest when it comes. read_frames still reads on
+// until the socket is empty (EAGAIN) or 16 records: stopping once OpenSSL held
+// nothing more saved that last recv(), but with 1,024 busy clients sharing the
+// server's 2 cores it cost clients and server more per operation (a client's next
+// request, often there by then, waited for the next round; docs/scale.md).
 //
 // Note [Waking waiters by key]: a GET, WAIT or MULTI_GET whose keys are missing is
 // parked under each of its keys (ServerLoop::park). A SET, COMPARE_SET, ADD,
