@@ -21,6 +21,7 @@
 #include "cohort/store/wire.h"
 #include "cohort/util/bytes.h"
 #include "store/raw_peer.h"
+#include "store/tls_peer.h"
 
 namespace {
 namespace tls = cohort::store::tls;
@@ -67,38 +68,10 @@ struct Watched {
   }
 };
 
-// A raw socket that completes the TLS handshake with `token` and then sends and
-// receives whatever a test wants inside it.
-struct HandRolled {
-  int fd = -1;
-  std::unique_ptr<tls::Context> context;
-  std::unique_ptr<tls::Session> session;
-  ~HandRolled() {
-    session.reset();
-    if (fd >= 0) ::close(fd);
-  }
-  void send(const Bytes& plaintext) {
-    EXPECT_EQ(session->write_all(plaintext.data(), plaintext.size(), deadline()), cohort::store::net::Io::kDone);
-  }
-  // The next reply, or nullopt when the connection ended first.
-  std::optional<cohort::store::Reply> reply() {
-    std::uint8_t header[cohort::store::kFrameHeaderSize];
-    if (session->read_exact(header, sizeof header, deadline()) != cohort::store::net::Io::kDone) return std::nullopt;
-    Bytes payload(cohort::store::framed_size(header));
-    if (session->read_exact(payload.data(), payload.size(), deadline()) != cohort::store::net::Io::kDone)
-      return std::nullopt;
-    return cohort::store::decode_reply(payload);
-  }
-  static cohort::store::net::Clock::time_point deadline() { return cohort::store::net::Clock::now() + 10s; }
-};
+using cohort::testing::HandRolled;
 
 std::unique_ptr<HandRolled> hand_rolled(int port, const std::string& token = kToken) {
-  auto peer = std::make_unique<HandRolled>();
-  peer->fd = connect_raw(port);
-  peer->context = std::make_unique<tls::Context>(tls::Role::kClient, token);
-  peer->session = std::make_unique<tls::Session>(*peer->context, peer->fd);
-  EXPECT_EQ(peer->session->handshake(HandRolled::deadline()), cohort::store::net::Io::kDone) << peer->session->error();
-  return peer;
+  return cohort::testing::tls_peer(port, token);
 }
 
 Bytes set_request(const std::string& key, std::size_t value_size = 1) {

@@ -88,8 +88,9 @@ void ServerLoop::continue_handshake(Connection& c) {
 }
 
 void ServerLoop::read_frames(Connection& c) {
-  // Bounded per wake-up, so one busy peer cannot starve the others; what OpenSSL
-  // still holds decrypted is read on the next round (ServerLoop::run).
+  // Bounded per wake-up, so one busy peer cannot starve the others: what is left in
+  // the socket is reported again by epoll (level-triggered), and what OpenSSL still
+  // holds decrypted is read on the next round (Note [Buffered TLS plaintext]).
   std::uint8_t chunk[64 * 1024];
   for (int i = 0; i < 16 && !c.dead && !c.closing; ++i) {
     std::size_t got = 0;
@@ -155,11 +156,11 @@ void ServerLoop::process_frames(Connection& c) {
 
 void ServerLoop::handle(Connection& c, Request request) {
   if (c.awaiting_proof || request.op == Op::kProve) return check_proof(c, request);
-  if (auto r = table_.apply(request)) return reply(c, *r);
-  // A year bounds the deadline arithmetic; the client bounds the wait it asked for.
-  auto wait = std::chrono::milliseconds(std::clamp<std::int64_t>(request.number, 0, 365LL * 24 * 3600 * 1000));
-  c.parked_deadline = Clock::now() + wait;
-  c.parked = std::move(request);
+  if (auto r = table_.apply(request)) {
+    note_write(request);
+    return reply(c, *r);
+  }
+  park(c, std::move(request));
 }
 
 void ServerLoop::reply(Connection& c, const Reply& r) {
@@ -226,7 +227,7 @@ void ServerLoop::fail_connection(Connection& c, const std::string& message) {
   // Reported like a refusal, and answered in place of the reply the client awaits
   // (its parked request's, or the one it is sending); then closed once sent.
   count_refusal(fmt::format("cohort store: closed {}: {}", c.peer, message));
-  c.parked.reset();
+  unpark(c);
   Bytes().swap(c.in);
   Reply error;
   error.status = Status::kError;

@@ -188,6 +188,9 @@ Context::Context(Role role, const std::string& token, const Certificates& certif
   }
   SSL_CTX_clear_options(ctx_, SSL_OP_ALLOW_NO_DHE_KEX);
   SSL_CTX_set_mode(ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  // Note [Buffered TLS plaintext]: one recv() takes what the socket holds (a record's
+  // header and body together, or several records), not a header, then a body.
+  SSL_CTX_set_read_ahead(ctx_, 1);
   if (role == Role::kServer) SSL_CTX_set_num_tickets(ctx_, 0);  // nothing to resume: every connection proves afresh
   if (with_certificates_) {
     // Note [Certificates and the token]: no PSK on either end, so the handshake is
@@ -282,9 +285,14 @@ Step Session::read_some(std::uint8_t* data, std::size_t n, std::size_t& got) {
   int rc = SSL_read(ssl_, data, static_cast<int>(std::min<std::size_t>(n, 1 << 30)));
   if (rc > 0) {
     got = static_cast<std::size_t>(rc);
+    drained_ = false;
     return Step::kDone;
   }
-  return result(rc);
+  const Step step = result(rc);
+  // What OpenSSL holds now, if anything, is part of a record that only the socket
+  // can complete (Note [Buffered TLS plaintext]).
+  drained_ = step == Step::kWantRead;
+  return step;
 }
 
 Step Session::write_some(const std::uint8_t* data, std::size_t n, std::size_t& written) {
@@ -300,7 +308,7 @@ Step Session::write_some(const std::uint8_t* data, std::size_t n, std::size_t& w
   return result(rc);
 }
 
-bool Session::has_buffered() const { return SSL_pending(ssl_) > 0; }
+bool Session::has_buffered() const { return !drained_ && SSL_has_pending(ssl_) == 1; }
 
 void Session::shutdown() {
   ERR_clear_error();

@@ -76,7 +76,10 @@ class Session {
   Step read_some(std::uint8_t* data, std::size_t n, std::size_t& got);
   // Sends from the front of `data`; `written` says how much was taken.
   Step write_some(const std::uint8_t* data, std::size_t n, std::size_t& written);
-  // Plaintext OpenSSL has decrypted but not handed out yet (poll() cannot see it).
+  // Bytes OpenSSL took from the socket and read_some may hand out without the
+  // socket: decrypted plaintext, or whole records read ahead. epoll cannot see
+  // them (Note [Buffered TLS plaintext] in store/server_loop.h). False once a read
+  // has wanted the socket, until the next read that gets something.
   bool has_buffered() const;
   // A close_notify, best effort, without waiting for the peer's.
   void shutdown();
@@ -124,6 +127,7 @@ class Session {
   std::string offered_identity_;
   bool wrong_key_ = false;
   bool certificate_failed_ = false;
+  bool drained_ = false;  // the last read_some wanted the socket
 };
 
 }  // namespace cohort::store::tls
