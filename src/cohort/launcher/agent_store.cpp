@@ -159,6 +159,14 @@ std::unique_ptr<store::StoreServer> host_store(const std::string& bind, int port
   }
 }
 
+// Every AgentStore of cohort's store can make another connection (found by test: a
+// path that forgot it threw bad_function_call at the agent's first clone).
+AgentStore with_another(AgentStore s) {
+  auto* client = static_cast<store::StoreClient*>(s.client.get());
+  s.another = [client] { return client->clone(); };
+  return s;
+}
+
 UsageError refused(const RunOptions& o, const std::exception& e) {
   // A refusal over certificates (COHORT_STORE_TLS_*) names its own fix.
   const std::string why = e.what();
@@ -244,7 +252,7 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
                                      "--rdzv-endpoint, on every node",
                                      options.rdzv_endpoint, host_error, s.port, e.what()));
       }
-      return s;
+      return with_another(std::move(s));
     }
     s.port = s.server->port();
     if (options.max_nodes > 1 && connect_to.rfind("127.", 0) == 0)
@@ -257,9 +265,7 @@ AgentStore open_agent_store(const RunOptions& options, const std::string& token,
   } catch (const ConfigError& e) {
     throw refused(options, e);
   }
-  auto* client = static_cast<store::StoreClient*>(s.client.get());
-  s.another = [client] { return client->clone(); };
-  return s;
+  return with_another(std::move(s));
 }
 
 std::string AgentStore::where() const {
