@@ -1,5 +1,7 @@
 #include "support/etcd_cluster.h"
 
+#include <signal.h>
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -146,6 +148,8 @@ int EtcdCluster::leader() const {
 }
 
 void EtcdCluster::kill(int member) { members_.at(member).reset(); }
+
+void EtcdCluster::hang(int member) { ::kill(members_.at(member)->pid(), SIGSTOP); }
 
 ProcessResult EtcdCluster::etcdctl(const std::vector<std::string>& args) const {
   std::vector<std::string> live;

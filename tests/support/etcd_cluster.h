@@ -51,6 +51,9 @@ class EtcdCluster {
   int leader() const;
   // SIGKILL the member and reap it.
   void kill(int member);
+  // SIGSTOP the member: it keeps its sockets and answers nothing, as a hung host.
+  // etcdctl() then waits on it; the cluster's end kills it as any other.
+  void hang(int member);
   // Runs etcdctl (API v3) against every member still running; returns its result.
   ProcessResult etcdctl(const std::vector<std::string>& args) const;
   // What the members logged so far, for a failing test's message.
