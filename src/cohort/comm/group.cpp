@@ -5,6 +5,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <iterator>
@@ -46,8 +47,22 @@ bool looks_like_timeout(const std::string& what) {
   return false;
 }
 
+// Note [A peer that gave up first]
+// Two ranks that called different collectives both wait out the timeout, but not to
+// the same millisecond: the one that entered first gives up first, and Gloo (LibTorch
+// 1.13 and 2.x) closes that rank's connections as it does. The other rank then fails on a
+// closed connection just before its own timeout, which alone reads like a crash (stop
+// 52's red CI: 2 of 10 runs under load). A wait that has lasted kPositionsPublished
+// has given every peer time to publish what it called (Note [Arrival board]), so a
+// closed connection after such a wait reads the board: a peer that called another
+// collective as this one is the cause, and the error says so. A fast failure (a
+// crash) costs no store reads, and the board's verdict of "elsewhere" is never a
+// guess: a peer publishes only what it called.
+constexpr auto kPositionsPublished = std::chrono::milliseconds(250);
+
 [[noreturn]] void throw_diagnosed(const GroupState& g, const char* op, std::int64_t seq,
-                                  const std::string& backend_message) {
+                                  const std::string& backend_message,
+                                  std::chrono::steady_clock::duration waited = {}) {
   auto where = fmt::format("{} #{} of group '{}' ({} ranks, backend {})", op, seq, g.name,
                            g.global_ranks.size(), g.backend->getBackendName());
   if (looks_like_timeout(backend_message)) {
@@ -61,6 +76,20 @@ bool looks_like_timeout(const std::string& what) {
                     "legitimately this slow, raise InitOptions::timeout (or COHORT_TIMEOUT).\n  backend: {}",
                     g.global_rank, seconds, where, not_arrived, backend_message),
         op, missing);
+  }
+  if (waited >= kPositionsPublished) {  // Note [A peer that gave up first]
+    auto peers = g.board->diagnose(seq, op);
+    const bool elsewhere = std::any_of(peers.begin(), peers.end(), [](const PeerStatus& p) {
+      return p.state == PeerStatus::State::kElsewhere;
+    });
+    if (elsewhere) {
+      auto why = ArrivalBoard::explain(g.global_rank, op, seq, peers);
+      g.board->mark_broken(fmt::format("rank {} in {} #{}: {}", g.global_rank, op, seq, why));
+      throw CommError(fmt::format(
+          "cohort: rank {}: {} failed: {}; a peer gave up waiting and closed its connection.\n  fix: every rank must "
+          "call the same collectives in the same order; read the output of the ranks named above.\n  backend: {}",
+          g.global_rank, where, why, backend_message));
+    }
   }
   // Note [A broken group]: the members still waiting, some of them on live peers
   // that have left, leave now. (A timeout is not marked: every member waits out the
@@ -234,6 +263,7 @@ void Pending::wait() {
   std::shared_ptr<DeviceMark> device_end;
   const bool recording_device = device_start_ && group_->recorder;
   const bool before = recording_device && group_->backend->getBackendName() == "nccl";
+  const auto wait_began = std::chrono::steady_clock::now();
   auto mark_end = [&] { device_end = group_->recorder->device_mark_after(*device_, [&] { work->synchronize(); }); };
   try {
     if (before) {
@@ -247,7 +277,7 @@ void Pending::wait() {
   } catch (const cohort::Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw_diagnosed(*group_, op_, seq_, e.what());
+    throw_diagnosed(*group_, op_, seq_, e.what(), std::chrono::steady_clock::now() - wait_began);
   }
   if (recording_device && !before) mark_end();
   if (device_end)
