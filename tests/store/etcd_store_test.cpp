@@ -97,6 +97,14 @@ TEST(EtcdStoreOptions, BadOptionsAreConfigErrors) {
             (std::vector<std::string>{"a:2379", "https://b:2380"}));
   EXPECT_THROW(cohort::store::parse_etcd_endpoints("a:2379,,b:1"), cohort::ConfigError);
   EXPECT_THROW(cohort::store::parse_etcd_endpoints("a:99999"), cohort::ConfigError);
+  // One member's host and port, as the launcher's messages name it.
+  auto hp = cohort::store::etcd_host_port("https://etcd-0.example:2379/");
+  ASSERT_TRUE(hp.has_value());
+  EXPECT_EQ(hp->host, "etcd-0.example");
+  EXPECT_EQ(hp->port, 2379);
+  EXPECT_EQ(cohort::store::etcd_host_port("[::1]:2379").value_or(cohort::store::EtcdHostPort{}).host, "[::1]");
+  for (const char* bad : {"etcd:0", "etcd:", ":2379", "etcd", "http://a b:1"})
+    EXPECT_FALSE(cohort::store::etcd_host_port(bad).has_value()) << bad;
 }
 
 TEST(EtcdStoreOptions, ForARunFromTorchrunsNames) {
@@ -421,12 +429,16 @@ TEST(EtcdStoreAuth, WrongPasswordIsAConfigErrorAndTheRightOneWorks) {
     FAIL() << "a wrong password was accepted";
   } catch (const cohort::ConfigError& e) {
     EXPECT_TRUE(has(e.what(), "etcd auth refused user 'root'")) << e.what();
+    EXPECT_TRUE(has(e.what(), "COHORT_ETCD_PASSWORD")) << e.what();
   }
   try {
     EtcdStore(options).set("k", to_bytes("v"));
     FAIL() << "no credentials were accepted by etcd with auth enabled";
   } catch (const cohort::ConfigError& e) {
     EXPECT_TRUE(has(e.what(), "requires authentication")) << e.what();
+    // The fix names the launcher's flag and variable (issue 47's review).
+    EXPECT_TRUE(has(e.what(), "--rdzv-conf user=NAME")) << e.what();
+    EXPECT_TRUE(has(e.what(), "COHORT_ETCD_PASSWORD")) << e.what();
   }
   EtcdStore good(EtcdStoreOptions(options).user("root").password("pw"));
   good.set("k", to_bytes("v"));

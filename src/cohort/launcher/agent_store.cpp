@@ -323,12 +323,10 @@ AgentStore open_etcd_agent_store(const RunOptions& options, const comm::EnvMap& 
   auto* client = s.client.get();
   s.another = [etcd, client] { return store::make_etcd_store(store::EtcdStoreOptions(etcd).timeout(client->getTimeout())); };
   // For messages only: workers reach etcd through COHORT_ETCD_ENDPOINTS.
-  auto first = s.etcd->endpoints().front();
-  for (const char* scheme : {"http://", "https://"})
-    if (first.rfind(scheme, 0) == 0) first = first.substr(std::string(scheme).size());
-  const auto colon = first.rfind(':');
-  s.host = first.substr(0, colon);
-  s.port = std::stoi(first.substr(colon + 1));
+  // (parse_etcd_endpoints checked every one, so this one parses.)
+  const auto first = store::etcd_host_port(s.etcd->endpoints().front()).value_or(store::EtcdHostPort{});
+  s.host = first.host;
+  s.port = first.port;
   return s;
 }
 

@@ -22,6 +22,7 @@
 #include "cohort/launcher/signal_pipe.h"
 #include "cohort/launcher/stock_worker_watch.h"
 #include "cohort/launcher/worker_store.h"
+#include "cohort/launcher/vacant_slots.h"
 #include "cohort/launcher/worker_group.h"
 #include "cohort/store/etcd_options.h"
 #include "cohort/util/bytes.h"
@@ -88,63 +89,6 @@ Assignment agree_ranks(DynamicRendezvous& rdzv, const Round& r, int nproc, const
   for (const auto& k : keys) sizes.push_back(std::stoi(util::from_bytes(store.get(k))));
   return assign_ranks(sizes, r.rank);
 }
-
-// Whether this agent publishes the job's vacant slots now: the agent hosting the
-// store; under etcd, the participant in the lowest slot (Note [Who publishes a
-// vacant slot under etcd]).
-bool keeps_slots(const RendezvousState& s, const std::string& node, StoreRole role) {
-  if (role != StoreRole::kReplicated) return role == StoreRole::kHost;
-  int lowest = -1;
-  std::string keeper;
-  for (const auto& [name, slot] : s.participants)
-    if (slot >= 0 && (lowest < 0 || slot < lowest)) {
-      lowest = slot;
-      keeper = name;
-    }
-  return keeper == node;
-}
-
-// Note [A lost slot's ranks are published dead], by the agent hosting the store.
-//
-// Note [Who publishes a vacant slot under etcd]
-// No agent hosts an etcd job's store, and any agent may be lost, so the duty goes
-// with the record: the live participant in the lowest slot publishes, and when it
-// is lost itself the next lowest takes over once the record drops it. Two agents
-// that read the record at different times may both publish a slot; a death
-// published twice is the same keys written twice.
-class VacantSlots {
- public:
-  VacantSlots(InProcessRestarts& restarts, DynamicRendezvous& rdzv, const Round& r, std::vector<int> sizes,
-              StoreRole role)
-      : restarts_(restarts), rdzv_(rdzv), round_(r.round), sizes_(std::move(sizes)), role_(role) {}
-
-  void look(const RendezvousState& s) {
-    if (s.round != round_ || !s.complete || !keeps_slots(s, rdzv_.node(), role_)) return;
-    int first_rank = 0;
-    for (int slot = 0; slot < static_cast<int>(sizes_.size()); ++slot) {
-      const int count = sizes_[static_cast<std::size_t>(slot)];
-      const int first = first_rank;
-      first_rank += count;
-      if (elastic::slot_taken(s, slot)) {
-        published_.erase(slot);  // taken again: a later loss is published again
-      } else if (!published_.count(slot)) {
-        const bool published = restarts_.publish_lost_slot(slot, first, count, [&] {
-          const auto now = rdzv_.read();
-          return now.round == round_ && !elastic::slot_taken(now, slot);
-        });
-        if (published) published_.insert(slot);
-      }
-    }
-  }
-
- private:
-  InProcessRestarts& restarts_;
-  DynamicRendezvous& rdzv_;
-  std::int64_t round_;
-  std::vector<int> sizes_;
-  StoreRole role_;
-  std::set<int> published_;
-};
 
 // Note [In-process fault tolerance: the keys]: the agent's own client of the
 // workers' store, each operation bounded by 10 s.

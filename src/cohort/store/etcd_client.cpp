@@ -70,8 +70,9 @@ std::string EtcdClient::token(const std::string& stale, const std::string& what,
         return Turn::kServed;
       }
       throw ConfigError(fmt::format(
-          "cohort: etcd auth refused user '{}' at {} (needed for {}): {}\n  fix: check the etcd user and "
-          "password given to cohort (etcdctl user get {} shows the user)",
+          "cohort: etcd auth refused user '{}' at {} (needed for {}): {}\n  fix: check the etcd user "
+          "(`--rdzv-conf user=`) and its password (COHORT_ETCD_PASSWORD) given to cohort (etcdctl user get {} "
+          "shows the user)",
           options_.user(), options_.endpoints()[m], what, a.why, options_.user()));
     }
     if (a.tls || !said[m].tls) said[m] = {a.why, a.tls};  // a TLS failure is the one to show
@@ -177,7 +178,9 @@ nlohmann::json EtcdClient::call(const std::string& path, const nlohmann::json& r
     const auto& at = options_.endpoints()[m];
     if (mentions(a.why, "user name is empty") || a.code == kUnauthenticated)
       throw ConfigError(fmt::format("cohort: etcd at {} requires authentication (etcd auth is enabled) and "
-                                    "refused {}: {}\n  fix: pass the etcd user and password",
+                                    "refused {}: {}\n  fix: pass an etcd user and its password: `cohort run --rdzv-conf user=NAME` "
+                                    "with the password in COHORT_ETCD_PASSWORD, or EtcdStoreOptions::user() and "
+                                    "password() in code",
                                     at, what, a.why));
     if (a.code == kPermissionDenied)
       throw ConfigError(fmt::format(

@@ -12,21 +12,21 @@ namespace {
 
 bool starts_with(const std::string& s, const std::string& head) { return s.compare(0, head.size(), head) == 0; }
 
-// "host:port" after an optional scheme, the port in 1..65535.
-bool well_formed(const std::string& endpoint) {
+}  // namespace
+
+std::optional<EtcdHostPort> etcd_host_port(const std::string& endpoint) {
   std::string rest = endpoint;
   for (const char* scheme : {"http://", "https://"})
     if (starts_with(rest, scheme)) rest = rest.substr(std::string(scheme).size());
   while (!rest.empty() && rest.back() == '/') rest.pop_back();
   const auto colon = rest.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == rest.size()) return false;
+  if (colon == std::string::npos || colon == 0 || colon + 1 == rest.size()) return std::nullopt;
   const auto port = rest.substr(colon + 1);
-  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
-  const long number = std::stol(port);
-  return number >= 1 && number <= 65535 && rest.find_first_of(" /\t") == std::string::npos;
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const int number = std::stoi(port);
+  if (number < 1 || number > 65535 || rest.find_first_of(" /\t") != std::string::npos) return std::nullopt;
+  return EtcdHostPort{rest.substr(0, colon), number};
 }
-
-}  // namespace
 
 std::vector<std::string> parse_etcd_endpoints(const std::string& list) {
   std::vector<std::string> out;
@@ -35,7 +35,7 @@ std::vector<std::string> parse_etcd_endpoints(const std::string& list) {
     auto comma = list.find(',', start);
     if (comma == std::string::npos) comma = list.size();
     auto entry = list.substr(start, comma - start);
-    if (!well_formed(entry))
+    if (!etcd_host_port(entry))
       throw ConfigError(fmt::format("cohort: etcd endpoint '{}' in '{}' is not host:port\n  fix: pass the etcd "
                                     "members' client addresses as --rdzv-endpoint HOST:2379[,HOST:2379...]",
                                     entry, list));
@@ -90,7 +90,7 @@ void validate(const EtcdStoreOptions& options) {
     throw ConfigError("cohort: etcd store given no endpoints\n  fix: name the etcd members' client addresses, "
                       "HOST:2379[,HOST:2379...]");
   for (const auto& e : options.endpoints())
-    if (!well_formed(e))
+    if (!etcd_host_port(e))
       throw ConfigError(fmt::format("cohort: etcd endpoint '{}' is not host:port (or http(s)://host:port)", e));
   if (options.prefix().empty())
     throw ConfigError("cohort: etcd store prefix is empty\n  fix: give each job a prefix of its own, e.g. "

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,14 @@ struct EtcdStoreOptions {
   // certificate and key where the cluster asks for one (--client-cert-auth).
   TORCH_ARG(Certificates, certificates);
 };
+
+// One member's address: "host:port" after an optional http:// or https:// and
+// before optional trailing '/'s, the port in 1..65535; nullopt when it is not that.
+struct EtcdHostPort {
+  std::string host;
+  int port = 0;
+};
+std::optional<EtcdHostPort> etcd_host_port(const std::string& endpoint);
 
 // Splits torchrun's --rdzv-endpoint list ("host:port,host:port"); throws ConfigError
 // naming the entry that is not host:port (with an optional http:// or https://).
