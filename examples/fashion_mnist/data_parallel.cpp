@@ -20,8 +20,8 @@ class DataParallel : public WholeModel {
   }
   nlohmann::json summary() override { return hook_.summary(); }
 
-  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
-                          cohort::trace::StepProfiler& profiler) override {
+  at::Tensor forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
+                              cohort::trace::StepProfiler& profiler) override {
     return step_through([this](const torch::Tensor& x) { return ddp_(x); }, data, target, precision, profiler);
   }
 

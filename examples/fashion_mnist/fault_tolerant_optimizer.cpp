@@ -3,29 +3,23 @@
 #include <torch/optim.h>
 
 #include "cohort/fault_tolerance/training_state.h"
+#include "optimizer.h"
 
 namespace fashion_mnist {
 
 namespace ft = cohort::fault_tolerance;
 
-namespace {
-
-std::unique_ptr<torch::optim::Optimizer> make(const std::string& kind, double lr, std::vector<at::Tensor> params) {
-  if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(lr).momentum(0.9));
-  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(lr));
-}
-
-}  // namespace
-
 FaultTolerantOptimizer::FaultTolerantOptimizer(const TrainerOptions& o, FashionNet model)
     : model_(std::move(model)), zero_(o.zero) {
   if (zero_ == 0) {
-    whole_ = make(o.optimizer, o.lr, model_->parameters());
+    whole_ = make_local_optimizer(o.optimizer, o.optimizer_kernel, o.lr, model_->parameters());
     return;
   }
   sharded_ = std::make_unique<ft::ReplicaShardedOptimizer>(
       model_->parameters(),
-      [kind = o.optimizer, lr = o.lr](std::vector<at::Tensor> shard) { return make(kind, lr, std::move(shard)); },
+      [o](std::vector<at::Tensor> shard) {
+        return make_local_optimizer(o.optimizer, o.optimizer_kernel, o.lr, std::move(shard));
+      },
       cohort::zero::ShardedOptimizerOptions().shard_gradients(zero_ == 2));
 }
 

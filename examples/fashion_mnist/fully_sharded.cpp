@@ -19,8 +19,8 @@ class FullySharded : public WholeModel {
   torch::nn::Module& model() override { return *root_; }
   const cohort::zero::FullyShardedModel* fully_sharded() const override { return &sharded_; }
 
-  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
-                          cohort::trace::StepProfiler& profiler) override {
+  at::Tensor forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
+                              cohort::trace::StepProfiler& profiler) override {
     return step_through([this](const torch::Tensor& x) { return root_(x); }, data, target, precision, profiler);
   }
 

@@ -2,18 +2,25 @@
 
 #include <torch/optim.h>
 
+#include "cohort/optim/adam.h"
+#include "cohort/optim/sgd.h"
 #include "cohort/zero/fully_sharded_optimizer.h"
 #include "cohort/zero/sharded_optimizer.h"
 #include "cohort/zero/state_bytes.h"
 
 namespace fashion_mnist {
 
+std::unique_ptr<torch::optim::Optimizer> make_local_optimizer(const std::string& kind, const std::string& kernel,
+                                                              double lr, std::vector<at::Tensor> params) {
+  const auto k = cohort::optim::parse_step_kernel(kernel);
+  if (kind == "sgd") return std::make_unique<cohort::optim::SGD>(params, torch::optim::SGDOptions(lr).momentum(0.9), k);
+  return std::make_unique<cohort::optim::Adam>(params, torch::optim::AdamOptions(lr), k);
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, const Strategy& strategy,
                                                         cohort::comm::World& world) {
-  cohort::zero::OptimizerFactory make = [o](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (o.optimizer == "sgd")
-      return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr).momentum(0.9));
-    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
+  cohort::zero::OptimizerFactory make = [o](std::vector<torch::Tensor> params) {
+    return make_local_optimizer(o.optimizer, o.optimizer_kernel, o.lr, std::move(params));
   };
   if (const auto* sharded = strategy.fully_sharded())
     return std::make_unique<cohort::zero::FullyShardedOptimizer>(*sharded, make);

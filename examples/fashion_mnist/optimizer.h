@@ -1,5 +1,6 @@
 #pragma once
-// The trainer's optimizer: Adam or SGD with momentum, whole on every rank, or
+// The trainer's optimizer: Adam or SGD with momentum (cohort::optim's, by default
+// with a fused or foreach step, --optimizer-kernel), whole on every rank, or
 // sharded over the ranks with --zero 1, and with its gradients too with --zero 2
 // (cohort::zero::ShardedOptimizer, docs/zero.md), or over the shards of a fully
 // sharded model with --zero 3 (cohort::zero::FullyShardedOptimizer).
@@ -14,6 +15,12 @@
 #include "strategy.h"
 
 namespace fashion_mnist {
+
+// Adam, or SGD with momentum 0.9 (`kind`), over `params`, stepping with `kernel`
+// (cohort::optim::StepKernel's names): the optimizer one rank steps, or ZeRO's
+// factory's.
+std::unique_ptr<torch::optim::Optimizer> make_local_optimizer(const std::string& kind, const std::string& kernel,
+                                                              double lr, std::vector<at::Tensor> params);
 
 // Collective with --zero 1 or 2 (every rank builds it).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, const Strategy& strategy,

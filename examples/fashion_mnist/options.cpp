@@ -21,6 +21,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
       ->check(CLI::Range(1e-9, 10.0));
   app.add_option("--optimizer", o.optimizer, "adam, or sgd (with momentum 0.9)")
       ->check(CLI::IsMember({"adam", "sgd"}));
+  app.add_option("--optimizer-kernel", o.optimizer_kernel,
+                 "How the optimizer steps: auto (fused where LibTorch has it, else per parameter on the CPU and "
+                 "over lists on a GPU), for-loop (torch::optim's), foreach, or fused (docs/optimizers.md)")
+      ->check(CLI::IsMember({"auto", "for-loop", "foreach", "fused"}));
   app.add_option("--schedule", o.schedule, "Learning rate over the run: cosine decay to 0, or constant")
       ->check(CLI::IsMember({"cosine", "constant"}));
   app.add_option("--seed", o.seed, "Seed of the initial weights and of the shuffling");

@@ -11,6 +11,7 @@ struct TrainerOptions {
   int batch_size = 32;  // per rank
   double lr = 2e-3;
   std::string optimizer = "adam";  // adam | sgd (momentum 0.9)
+  std::string optimizer_kernel = "auto";  // auto | for-loop | foreach | fused (cohort::optim::StepKernel)
   std::string schedule = "cosine";  // cosine | constant
   std::uint64_t seed = 0;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";

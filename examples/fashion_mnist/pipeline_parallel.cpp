@@ -8,6 +8,7 @@
 
 #include <numeric>
 
+#include "cohort/data/to_device.h"
 #include "cohort/pipeline/checkpoint.h"
 #include "cohort/pipeline/mesh.h"
 #include "cohort/pipeline/pipeline.h"
@@ -68,14 +69,14 @@ class PipelineParallel : public Strategy {
 
   // Autocast runs inside the pipeline (PipelineOptions::autocast, set in build());
   // under fp16 the loss is scaled there by the scaler's scale.
-  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
-                          cohort::trace::StepProfiler& profiler) override {
+  at::Tensor forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
+                              cohort::trace::StepProfiler& profiler) override {
     auto p = profiler.phase("pipeline");
-    auto r = pipe_.step({data.to(device_)}, {target.to(device_)}, precision.loss_scale());
+    auto r = pipe_.step({cohort::data::to_device(data, device_)}, {cohort::data::to_device(target, device_)}, precision.loss_scale());
     step_seconds_ += r.step_seconds;
     compute_seconds_ += r.compute_seconds;
     peak_live_ = std::max(peak_live_, r.peak_live_microbatches);
-    return r.loss;
+    return torch::scalar_tensor(r.loss, torch::kFloat64);
   }
 
   Evaluation evaluate(cohort::data::FashionMnist& test) override {

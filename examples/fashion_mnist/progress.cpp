@@ -30,11 +30,14 @@ std::string format_progress(const ProgressSnapshot& s) {
 Progress::Progress(std::ostream& out, bool interactive, double interval_s)
     : out_(out), interactive_(interactive), interval_s_(interval_s) {}
 
+bool Progress::due(bool force) const {
+  const double since = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_).count();
+  return force || since >= (interactive_ ? kRedrawInterval : interval_s_);
+}
+
 void Progress::show(const ProgressSnapshot& s, bool force) {
-  const auto now = std::chrono::steady_clock::now();
-  const double since = std::chrono::duration<double>(now - last_).count();
-  if (!force && since < (interactive_ ? kRedrawInterval : interval_s_)) return;
-  last_ = now;
+  if (!due(force)) return;
+  last_ = std::chrono::steady_clock::now();
   if (interactive_) {
     // The line, "erase to the end of the line", then a carriage return, so the next
     // redraw starts at the left edge. Under `cohort run` the '\r' ends the status

@@ -25,6 +25,9 @@ class Progress {
  public:
   // `interactive`: redraw in place (a terminal). `interval_s`: seconds between plain lines.
   Progress(std::ostream& out, bool interactive, double interval_s);
+  // Whether show(s, force) would print now: the caller reads what it shows (the
+  // loss, from the device) only then.
+  bool due(bool force = false) const;
   // Shows `s` if enough time has passed since the last line, or if `force`.
   void show(const ProgressSnapshot& s, bool force = false);
   // Ends the in-place line, before other output.

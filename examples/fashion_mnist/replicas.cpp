@@ -29,8 +29,8 @@ class Replicas : public WholeModel {
   Replicas(const TrainerOptions& o, cohort::comm::World& world, c10::Device device)
       : WholeModel(o, world, device), dp_(model_, replica_devices(o.data_parallel_replicas, device, world)) {}
 
-  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
-                          cohort::trace::StepProfiler& profiler) override {
+  at::Tensor forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
+                              cohort::trace::StepProfiler& profiler) override {
     return step_through([this](const torch::Tensor& x) { return dp_(x); }, data, target, precision, profiler);
   }
 

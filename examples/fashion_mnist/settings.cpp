@@ -27,6 +27,7 @@ std::vector<cohort::comm::Setting> shared_settings(const TrainerOptions& o, std:
       {"--batch-size", text(o.batch_size)},
       {"--lr", text(o.lr)},
       {"--optimizer", o.optimizer},
+      {"--optimizer-kernel", o.optimizer_kernel},
       {"--schedule", o.schedule},
       {"--seed", text(o.seed)},
       {"--data-dir (training samples read)", text(train_samples)},

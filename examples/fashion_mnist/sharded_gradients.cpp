@@ -11,8 +11,8 @@ class ShardedGradients : public WholeModel {
  public:
   using WholeModel::WholeModel;
 
-  double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
-                          cohort::trace::StepProfiler& profiler) override {
+  at::Tensor forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
+                              cohort::trace::StepProfiler& profiler) override {
     return step_through([this](const torch::Tensor& x) { return model_->forward(x); }, data, target, precision,
                         profiler);
   }

@@ -45,9 +45,10 @@ class Strategy {
   // the loop skips an epoch's last batch when it is shorter (Note [Short last batch]).
   virtual std::int64_t min_batch_rows() const { return 1; }
   // Forward and backward of one step on this replica's batch (gradients in .grad);
-  // returns the batch's mean loss.
+  // returns the batch's mean loss, on the device and detached: the loop reads it
+  // only when it prints (Note [No host read per step]).
   // `precision` wraps the forward and the loss in autocast and scales the loss.
-  virtual double forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
+  virtual at::Tensor forward_backward(const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                                   cohort::trace::StepProfiler& profiler) = 0;
   // Seconds of the last step spent waiting for other ranks' gradients (not this
   // rank's own work, Note [Straggler step times]).

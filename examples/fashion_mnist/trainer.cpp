@@ -35,6 +35,7 @@
 #include "evaluate.h"
 #include "fault_tolerant.h"
 #include "optimizer.h"
+#include "cohort/trace/device_mean.h"
 #include "cohort/trace/step_profiler.h"
 #include "cohort/trace/world_timeline.h"
 #include "performance.h"
@@ -167,7 +168,11 @@ int train(const TrainerOptions& o) {
   auto pause = [&] { train_s += std::chrono::duration<double>(Clock::now() - mark).count(); };
   auto resume = [&] { mark = Clock::now(); };
   std::int64_t samples_this_run = 0;  // by all ranks, since this process started
-  double running_loss = -1;
+  // Note [No host read per step]: the loss stays on the device and is read only when
+  // the progress line is due, so the host queues the next step while the GPU runs
+  // this one; the line shows the mean loss since the last one.
+  cohort::trace::DeviceMean losses;
+  double shown_loss = 0;
   Evaluation last_eval;
   bool evaluated = false;
   bool stopped = false;  // by --max-steps
@@ -222,7 +227,7 @@ int train(const TrainerOptions& o) {
       const double fraction = (static_cast<double>(epoch * epoch_samples) + done) / run_samples;
       optimizer->param_groups()[0].options().set_lr(learning_rate(o, fraction));
       optimizer->zero_grad();
-      const double loss = strategy->forward_backward(batch.data, batch.target, precision, profiler);
+      const auto loss = strategy->forward_backward(batch.data, batch.target, precision, profiler);
       {
         auto p = profiler.phase("optimizer");
         precision.step(*optimizer);
@@ -234,13 +239,15 @@ int train(const TrainerOptions& o) {
       samples_this_run += trained;
 
       if (lead) {
-        running_loss = running_loss < 0 ? loss : 0.95 * running_loss + 0.05 * loss;
+        losses.add(loss);
+        const bool end = epoch_step == steps_in_epoch;
+        if (bar.due(end)) shown_loss = losses.take().value_or(shown_loss);
         const double elapsed = train_s + std::chrono::duration<double>(Clock::now() - mark).count();
         const double rate = samples_this_run / std::max(elapsed, 1e-9);
         const double left = run_samples - static_cast<double>(epoch * epoch_samples + done);
-        bar.show({static_cast<int>(epoch + 1), o.epochs, epoch_step, steps_in_epoch, running_loss, rate,
+        bar.show({static_cast<int>(epoch + 1), o.epochs, epoch_step, steps_in_epoch, shown_loss, rate,
                   left / std::max(rate, 1e-9)},
-                 epoch_step == steps_in_epoch);
+                 end);
       }
       stopped = o.max_steps > 0 && progress.step >= o.max_steps;
       // The epoch's last step is saved below, as the start of the next epoch.

@@ -3,6 +3,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include "cohort/checkpoint/state_dict.h"
+#include "cohort/data/to_device.h"
 
 namespace fashion_mnist {
 
@@ -20,18 +21,19 @@ FashionNet init(const TrainerOptions& o, c10::Device device) {
 WholeModel::WholeModel(const TrainerOptions& o, cohort::comm::World& world, c10::Device device)
     : world_(world), device_(device), model_(init(o, device)) {}
 
-double WholeModel::step_through(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+at::Tensor WholeModel::step_through(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                                 const torch::Tensor& data, const torch::Tensor& target, MixedPrecision& precision,
                                 cohort::trace::StepProfiler& profiler) {
   torch::Tensor loss;
   {
     auto p = profiler.phase("forward");
     auto autocast = precision.autocast();
-    loss = torch::nn::functional::cross_entropy(forward(data.to(device_)), target.to(device_));
+    loss = torch::nn::functional::cross_entropy(forward(cohort::data::to_device(data, device_)),
+                                                cohort::data::to_device(target, device_));
   }
   auto p = profiler.phase("backward");
   precision.scale(loss).backward();
-  return loss.item<double>();
+  return loss.detach();
 }
 
 Evaluation WholeModel::evaluate(cohort::data::FashionMnist& test) {

@@ -24,8 +24,8 @@ class WholeModel : public Strategy {
 
  protected:
   // A step through `forward` (DDP's, DataParallel's): autocast around the forward and
-  // the loss, then backward of the scaled loss. Returns the loss.
-  double step_through(const std::function<torch::Tensor(const torch::Tensor&)>& forward, const torch::Tensor& data,
+  // the loss, then backward of the scaled loss. Returns the loss, detached.
+  at::Tensor step_through(const std::function<torch::Tensor(const torch::Tensor&)>& forward, const torch::Tensor& data,
                       const torch::Tensor& target, MixedPrecision& precision, cohort::trace::StepProfiler& profiler);
 
   cohort::comm::World& world_;

@@ -1,10 +1,10 @@
 #include "optimizer.h"
 
-#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "cohort/optim/adam.h"
 #include "cohort/zero/fully_sharded_optimizer.h"
 #include "cohort/zero/sharded_optimizer.h"
 
@@ -13,8 +13,9 @@ namespace gpt {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const GptTrainerOptions& o, Strategy& strategy,
                                                         cohort::comm::DeviceMesh& mesh) {
   cohort::zero::OptimizerFactory make = [o](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).weight_decay(o.weight_decay));
+    return std::make_unique<cohort::optim::AdamW>(
+        params, torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).weight_decay(o.weight_decay),
+        cohort::optim::parse_step_kernel(o.optimizer_kernel));
   };
   if (const auto* sharded = strategy.fully_sharded())
     return std::make_unique<cohort::zero::FullyShardedOptimizer>(*sharded, make);

@@ -1,5 +1,5 @@
 #pragma once
-// AdamW, whole on every rank, or sharded over the mesh's data group with --zero 1
+// AdamW (cohort::optim's: fused or over lists by default, --optimizer-kernel), whole on every rank, or sharded over the mesh's data group with --zero 1
 // or 2 (cohort::zero::ShardedOptimizer), or over the shards of a fully sharded
 // model with --zero 3 (cohort::zero::FullyShardedOptimizer); and its learning rate:
 // a linear warmup, then a cosine decay to a tenth of the peak.

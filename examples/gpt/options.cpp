@@ -46,6 +46,14 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--warmup-steps", o.warmup_steps, "Linear warmup steps (-1: a tenth of --steps)")
       ->check(CLI::Range(-1, 1 << 30));
   app.add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "Clip the gradients to this norm of the whole model, counted once across TP, pipeline stages and "
+                 "ZeRO-3 shards (0: off; docs/clipping.md)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--optimizer-kernel", o.optimizer_kernel,
+                 "How AdamW steps: auto (fused where LibTorch has it, else per parameter on the CPU and over "
+                 "lists on a GPU), for-loop (torch::optim's), foreach, or fused (docs/optimizers.md)")
+      ->check(CLI::IsMember({"auto", "for-loop", "foreach", "fused"}));
   app.add_option("--seed", o.seed, "Seed of the initial weights, dropout and the sample");
   app.add_option("--eval-every", o.eval_every, "Steps between validation passes (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
@@ -69,7 +77,9 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
                  "Write the whole model's initial weights here (torch.load-able, gathered over TP)");
   app.add_option("--dump-data", o.dump_data,
                  "Write train.bin and val.bin (int32 little-endian token ids) and meta.json to this folder");
-  app.add_flag("--log-losses", o.log_losses, "Print every step's training loss as `step N loss X`");
+  app.add_flag("--log-losses", o.log_losses,
+               "Print every step's training loss as `step N loss X` (and ` grad_norm Y`, the norm before "
+               "clipping, with --clip-grad-norm)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "Save checkpoints here, and resume from the newest one at start (any --tp and --dp)");
   app.add_option("--checkpoint-every", o.checkpoint_every,
@@ -104,6 +114,9 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   if (o.embed_dim % o.heads != 0)
     refuse("--embed-dim " + n(o.embed_dim) + " is not a multiple of --heads " + n(o.heads) +
            "; each head takes embed_dim / heads features");
+  if (o.clip_grad_norm > 0 && o.zero == 2)
+    refuse("--clip-grad-norm with --zero 2: the ZeRO-2 optimizer finishes reducing the gradients inside its "
+           "step, after they would be clipped; use --zero 1 or 3 with clipping, or leave --clip-grad-norm out");
   if (o.sequence_parallel && o.context % o.tp != 0)
     refuse("--sequence-parallel shards the --context of " + n(o.context) + " tokens over --tp " + n(o.tp) +
            " ranks; make --context a multiple of --tp");

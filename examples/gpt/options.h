@@ -28,6 +28,8 @@ struct GptTrainerOptions {
   double lr = 3e-3;              // the peak, after warmup
   std::int64_t warmup_steps = -1;  // -1: a tenth of --steps
   double weight_decay = 0.01;
+  double clip_grad_norm = 0;             // > 0: the gradients' whole-model norm clipped to it (docs/clipping.md)
+  std::string optimizer_kernel = "auto";  // auto | for-loop | foreach | fused (cohort::optim::StepKernel)
   std::uint64_t seed = 0;
   std::int64_t eval_every = 150;  // steps; 0: only at the end
   std::int64_t eval_batches = 8;

@@ -12,10 +12,13 @@
 
 #include "batches.h"
 #include "checkpoints.h"
+#include "clipping.h"
 #include "cohort/comm/config_agreement.h"
 #include "cohort/comm/device_mesh.h"
 #include "cohort/comm/world.h"
+#include "cohort/data/to_device.h"
 #include "cohort/errors.h"
+#include "cohort/optim/clip_grad_norm.h"
 #include "cohort/system/cuda.h"
 #include "cohort/tensor_parallel/block.h"
 #include "cohort/tensor_parallel/composition.h"
@@ -104,6 +107,8 @@ std::vector<cohort::comm::Setting> shared_settings(const GptTrainerOptions& o) {
       {"--sequence-parallel", flag(o.sequence_parallel)},
       {"--zero", text(o.zero)},
       {"--amp", o.amp},
+      {"--clip-grad-norm", text(o.clip_grad_norm)},
+      {"--optimizer-kernel", o.optimizer_kernel},
       {"--activation-checkpointing", flag(o.activation_checkpointing)},
       {"--layers", text(o.layers)},
       {"--embed-dim", text(o.embed_dim)},
@@ -216,11 +221,20 @@ int train(const GptTrainerOptions& o) {
     }
   }
 
+  const auto clip = clipping_parts(o, *strategy, mesh);
   const std::int64_t tokens_per_step = o.batch_size * o.context;
   double train_s = 0, last_loss = 0;
+  // Note [No host read per step] (examples/fashion_mnist/trainer.cpp): the last
+  // step's loss stays on the device until a line or the final report shows it.
+  at::Tensor last_mean;
+  auto read_loss = [&] {
+    if (last_mean.defined()) last_loss = last_mean.item<double>();
+    last_mean = at::Tensor();
+  };
   Evaluation eval;
   std::vector<std::pair<std::int64_t, double>> curve;  // (step, validation loss)
   auto run_eval = [&](std::int64_t step) {
+    read_loss();
     eval = evaluate(*strategy, tokens.validation, o, mesh, device);
     curve.emplace_back(step, eval.loss);
     if (lead) {
@@ -242,29 +256,38 @@ int train(const GptTrainerOptions& o) {
     if (pipe) {
       // Forward and backward of every micro-batch; the tied copies' and (under
       // sequence parallelism) the replicated parameters' gradients summed.
-      const auto result = pipe->step(batch.inputs.to(device), batch.targets.to(device));
+      const auto result =
+          pipe->step(cohort::data::to_device(batch.inputs, device), cohort::data::to_device(batch.targets, device));
       mean = torch::tensor({result.loss}, torch::dtype(torch::kFloat64).device(device));
     } else {
       at::Tensor logits;
       {
         auto guard = autocast(o.amp, device);
-        logits = strategy->forward(batch.inputs.to(device));
+        logits = strategy->forward(cohort::data::to_device(batch.inputs, device));
       }
-      auto loss = strategy->gpt().loss(logits.to(torch::kFloat), batch.targets.to(device));
+      auto loss = strategy->gpt().loss(logits.to(torch::kFloat), cohort::data::to_device(batch.targets, device));
       loss.backward();
       // Under sequence parallelism each TP rank's gradients of the replicated
       // parameters cover only its shard of the sequence (docs/tensor_parallel.md).
       if (o.sequence_parallel) cohort::tensor_parallel::sum_replicated_gradients(strategy->model(), tp);
       mean = loss.detach().to(torch::kFloat64).reshape({1});
     }
+    at::Tensor grad_norm;  // before clipping, the whole model's
+    if (!clip.empty()) grad_norm = cohort::optim::clip_grad_norm_(clip, cohort::optim::ClipGradNormOptions(o.clip_grad_norm));
     optimizer->step();
     // Averaged over the replicas.
     if (dp > 1) data.all_reduce(mean, cohort::comm::ReduceOp::kAvg);
-    last_loss = mean.item<double>();
+    last_mean = mean;
     train_s += std::chrono::duration<double>(Clock::now() - t0).count();
     const std::int64_t step = s + 1;
-    if (lead && o.log_losses) std::cout << fmt::format("step {} loss {:.6f}", step, last_loss) << std::endl;
+    if (lead && o.log_losses) read_loss();
+    if (lead && o.log_losses) {
+      std::cout << fmt::format("step {} loss {:.6f}", step, last_loss);
+      if (grad_norm.defined()) std::cout << fmt::format(" grad_norm {:.6f}", grad_norm.item<double>());
+      std::cout << std::endl;
+    }
     if (lead && !o.log_losses && std::chrono::duration<double>(Clock::now() - last_line).count() >= o.log_interval_s) {
+      read_loss();
       std::cout << fmt::format("step {:>5}/{}  train loss {:.4f}  {:.0f} tokens/s", step, o.steps, last_loss,
                                static_cast<double>((step - start) * tokens_per_step) / train_s)
                 << std::endl;
@@ -285,6 +308,7 @@ int train(const GptTrainerOptions& o) {
   const auto texts = sample_texts(*strategy, tokenizer, tokens.vocab_size, tokens.eos_id, o, world, mesh, device);
   auto rss = torch::tensor({peak_rss_mb()}, torch::dtype(torch::kFloat64).device(device));
   world.group().all_reduce(rss, cohort::comm::ReduceOp::kMax);
+  read_loss();
   if (lead) {
     for (std::size_t i = 0; i < texts.size(); ++i) std::cout << fmt::format("sample {}: {}", i + 1, texts[i]) << std::endl;
     const std::int64_t trained = (o.steps - std::min(start, o.steps)) * tokens_per_step;  // by this run

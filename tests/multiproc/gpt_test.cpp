@@ -182,6 +182,65 @@ TEST(GptTrainer, PipelineEvaluatesWithDropoutOffAndChangesNoStep) {
   for (const auto& [step, loss] : without) EXPECT_EQ(with.at(step), loss) << "step " << step;
 }
 
+// Rank 0's ` grad_norm Y` (--log-losses with --clip-grad-norm), by step.
+std::map<int, double> grad_norms(const std::string& out) {
+  std::map<int, double> by_step;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    int step = 0;
+    double loss = 0, norm = 0;
+    if (std::sscanf(line.c_str(), "[rank0]: step %d loss %lf grad_norm %lf", &step, &loss, &norm) == 3)
+      by_step[step] = norm;
+  }
+  return by_step;
+}
+
+// --clip-grad-norm (cohort::optim::clip_grad_norm_): the whole model's gradient norm
+// is the same however the two processes split the model: TP 2 (its LayerNorms
+// counted once, not twice), two replicas (not summed), two pipeline stages (the tied
+// output copy not counted again) and ZeRO-3 shards (summed). The clipped runs then
+// train alike, and unlike the unclipped one.
+TEST(GptTrainer, ClippingSeesTheWholeModelsNormUnderEverySplit) {
+  cohort::testing::TempDir cache("cohort-gpt-test");
+  auto args = kTiny;
+  args.at(1) = "2";   // --layers: a block per stage
+  args.at(11) = "5";  // --steps
+  args.at(13) = "0";  // --eval-every
+  args.at(15) = "1";  // --eval-batches
+  args.at(19) = "0";  // --samples
+  args.insert(args.end(), {"--dropout", "0", "--log-losses"});
+  const auto run = [&](std::vector<std::string> extra, bool clip = true) {
+    auto a = args;
+    if (clip) a.insert(a.end(), {"--clip-grad-norm", "0.05"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto r = run_gpt(cache.path, a);
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    return r;
+  };
+  const auto tp = run({"--tp", "2"});
+  const auto dp = run({"--tp", "1"});
+  const auto pp = run({"--tp", "1", "--pp", "2"});
+  const auto zero3 = run({"--tp", "1", "--zero", "3"});
+  const auto unclipped = run({"--tp", "1"}, false);
+  const auto reference = grad_norms(dp.out);
+  ASSERT_EQ(reference.size(), 5u) << dp.out;
+  // The limit is below every step's norm here, so each step was clipped.
+  for (const auto& [step, norm] : reference) EXPECT_GT(norm, 0.05) << "step " << step;
+  for (const auto* r : {&tp, &pp, &zero3}) {
+    const auto got = grad_norms(r->out);
+    ASSERT_EQ(got.size(), 5u) << r->out;
+    for (const auto& [step, norm] : reference)
+      EXPECT_NEAR(got.at(step), norm, 1e-4 * norm) << "step " << step << "\n" << r->out;
+    const auto l = losses(r->out), want = losses(dp.out);
+    for (const auto& [step, loss] : want) EXPECT_NEAR(l.at(step), loss, 1e-4) << "step " << step;
+  }
+  EXPECT_TRUE(grad_norms(unclipped.out).empty()) << unclipped.out;
+  const auto free = losses(unclipped.out), held = losses(dp.out);
+  ASSERT_EQ(free.size(), 5u) << unclipped.out;
+  EXPECT_EQ(free.at(1), held.at(1));  // the same first forward
+  EXPECT_GT(std::abs(free.at(5) - held.at(5)), 1e-4) << "clipping changed no step";
+}
+
 TEST(GptTrainer, ImpossibleFlagsSayWhy) {
   cohort::testing::TempDir cache("cohort-gpt-test");
   auto sharded = run_gpt(cache.path, {"--tp", "1", "--pp", "2", "--zero", "3"});
@@ -202,6 +261,9 @@ TEST(GptTrainer, ImpossibleFlagsSayWhy) {
   auto zero = run_gpt(cache.path, {"--tp", "1", "--zero", "1", "--checkpoint-dir", checkpoints.path});
   EXPECT_NE(zero.exit_code, 0) << describe(zero);
   EXPECT_NE((zero.out + zero.err).find("--checkpoint-dir with --zero 1"), std::string::npos) << describe(zero);
+  auto clip = run_gpt(cache.path, {"--tp", "1", "--zero", "2", "--clip-grad-norm", "1"});
+  EXPECT_NE(clip.exit_code, 0) << describe(clip);
+  EXPECT_NE((clip.out + clip.err).find("--clip-grad-norm with --zero 2"), std::string::npos) << describe(clip);
 }
 
 }  // namespace

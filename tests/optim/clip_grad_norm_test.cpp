@@ -296,6 +296,31 @@ TEST(ClipGradNorm, OneProcessEqualsTorch) {
   EXPECT_EQ(clip_grad_norm_({GradPart(c->parameters())}, 0.1).item<double>(), 0.0);
 }
 
+// A part that is not counted (a tied copy) is scaled with the rest, by the same
+// coefficient, and adds nothing to the norm.
+TEST(ClipGradNorm, AnUncountedPartIsScaledButNotCounted) {
+  torch::manual_seed(2);
+  torch::nn::Linear a(3, 4), b(3, 4);
+  auto copy = a->weight.detach().clone().requires_grad_(true);
+  const auto x = torch::randn({2, 3});
+  a(x).sum().backward();
+  b(x).sum().backward();
+  copy.mutable_grad() = a->weight.grad().clone();
+  auto whole = a->parameters();
+  for (const auto& p : b->parameters()) whole.push_back(p);
+  std::vector<at::Tensor> reference;
+  for (const auto& p : whole) reference.push_back(p.detach().clone().requires_grad_(true));
+  for (std::size_t i = 0; i < whole.size(); ++i) reference[i].mutable_grad() = whole[i].grad().clone();
+  const double ref = torch::nn::utils::clip_grad_norm_(reference, 0.1);
+  ASSERT_LT(0.1, ref);  // clipping happens
+  auto norm = clip_grad_norm_({GradPart(a->parameters()), GradPart(b->parameters()),
+                               GradPart({copy}, {}, /*counted=*/false)},
+                              0.1);
+  EXPECT_NEAR(norm.item<double>(), ref, 1e-6 * ref);
+  for (std::size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(torch::allclose(whole[i].grad(), reference[i].grad()));
+  EXPECT_TRUE(torch::equal(copy.grad(), a->weight.grad()));
+}
+
 void expect_config_error(const std::function<void()>& f, const std::string& needle) {
   try {
     f();

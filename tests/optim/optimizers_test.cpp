@@ -13,6 +13,7 @@
 #include "cohort/errors.h"
 #include "cohort/optim/adam.h"
 #include "cohort/optim/sgd.h"
+#include "cohort/zero/state_bytes.h"
 
 namespace {
 
@@ -188,6 +189,28 @@ TEST(Optimizers, StateDictsLoadEitherWay) {
                                                                      "AdamW " + cohort::optim::to_string(k));
     swap_state_and_go_on<cohort::optim::SGD, torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9), k,
                                                                  "SGD " + cohort::optim::to_string(k));
+  }
+}
+
+// ZeRO and the checkpoints find an optimizer's state by its type (zero/state_bytes.h,
+// checkpoint/split_state.cpp): ours is torch::optim's.
+TEST(Optimizers, ZeroCountsTheirStateAsTorchOptims) {
+  for (auto k : kernels()) {
+    auto mine = params_for(6), theirs = params_for(6);
+    cohort::optim::Adam a(mine, torch::optim::AdamOptions(1e-2).amsgrad(true), k);
+    torch::optim::Adam b(theirs, torch::optim::AdamOptions(1e-2).amsgrad(true));
+    cohort::optim::SGD c(mine, torch::optim::SGDOptions(0.1).momentum(0.9), k);
+    torch::optim::SGD d(theirs, torch::optim::SGDOptions(0.1).momentum(0.9));
+    set_grads(mine, 0);
+    set_grads(theirs, 0);
+    a.step();
+    b.step();
+    c.step();
+    d.step();
+    EXPECT_EQ(cohort::zero::optimizer_state_bytes(a), cohort::zero::optimizer_state_bytes(b));
+    EXPECT_GT(cohort::zero::optimizer_state_bytes(a), 0);
+    EXPECT_EQ(cohort::zero::optimizer_state_bytes(c), cohort::zero::optimizer_state_bytes(d));
+    EXPECT_GT(cohort::zero::optimizer_state_bytes(c), 0);
   }
 }
 

@@ -117,6 +117,7 @@ at::Tensor total_norm(const std::vector<GradPart>& parts, double norm_type, cons
   std::vector<std::vector<std::size_t>> named_by;
   std::vector<const void*> ids;
   for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i].counted) continue;
     for (const auto& g : parts[i].sum_over) {
       if (!g.is_member())
         throw ConfigError(fmt::format("cohort {}: part {} names a group this rank is not a member of; name the "
@@ -137,7 +138,9 @@ at::Tensor total_norm(const std::vector<GradPart>& parts, double norm_type, cons
 
   if (parts.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kDouble));
   std::vector<at::Tensor> partials;
-  for (const auto& grads : gathered.grads) partials.push_back(local_partial(grads, norm_type, gathered.device));
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    partials.push_back(local_partial(parts[i].counted ? gathered.grads[i] : std::vector<at::Tensor>{}, norm_type,
+                                     gathered.device));
   const auto op = inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
   for (std::size_t j = 0; j < groups.size(); ++j) {
     // Stacked and read back on the device: an index tensor made on the host would cost

@@ -32,11 +32,17 @@ namespace cohort::optim {
 // `sum_over`: their squared norms (max norms, for inf) are summed (maxed) over those
 // groups. Parameters every rank of a group holds whole (DDP replicas, a TP group's
 // LayerNorms) must not name that group, or they count once per rank.
+//
+// `counted` false: the part's gradients are scaled with the others but left out of
+// the norm, as a copy of a parameter whose gradient another part (or rank) already
+// counts: a pipeline's last stage's copy of a tied embedding. Such a part takes part
+// in no collective, so any rank may add one.
 struct GradPart {
-  GradPart(std::vector<at::Tensor> parameters, std::vector<comm::Group> sum_over = {})
-      : parameters(std::move(parameters)), sum_over(std::move(sum_over)) {}
+  GradPart(std::vector<at::Tensor> parameters, std::vector<comm::Group> sum_over = {}, bool counted = true)
+      : parameters(std::move(parameters)), sum_over(std::move(sum_over)), counted(counted) {}
   std::vector<at::Tensor> parameters;
   std::vector<comm::Group> sum_over;
+  bool counted = true;
 };
 
 struct ClipGradNormOptions {
