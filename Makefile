@@ -121,6 +121,7 @@ bench: build
 	benchmarks/compare_zero_memory.sh $(BUILD)
 	benchmarks/compare_zero_throughput.sh $(BUILD)
 	benchmarks/compare_powersgd.sh $(BUILD) 2
+	benchmarks/compare_op_count.sh $(BUILD)
 	$(BUILD)/benchmarks/collectives_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 install: build
