@@ -68,6 +68,16 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
                  "~/.cache/cohort/gpt)");
   app.add_option("--vocab-size", o.vocab_size, "SentencePiece BPE pieces (padded to a multiple of --tp)")
       ->check(CLI::Range(256, 1 << 20));
+  // --preset (preset.h): after parsing, the preset's value for each of its flags the
+  // command line did not give (Note [A preset under explicit flags] in preset.cpp).
+  app.add_option("--vocab-multiple", o.vocab_multiple,
+                 "Pad the model's vocabulary to a multiple of this (and of --tp); the padding is never a token")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--preset", o.preset,
+                 "A model size: gpt2-small (12 layers, width 768, 12 heads, context 1024, vocabulary padded to a "
+                 "multiple of 128, --lr 6e-4); flags given explicitly override its values")
+      ->check(CLI::IsMember(preset_names()));
+  app.final_callback([&app, &o] { apply_preset(o, [&app](const std::string& flag) { return app.count(flag) > 0; }); });
   app.add_option("--samples", o.samples, "Texts sampled from the model at the end")->check(CLI::Range(0, 100));
   app.add_option("--sample-tokens", o.sample_tokens, "Tokens per sample at most (it stops at a fortune's end)")
       ->check(CLI::Range(1, 1 << 16));

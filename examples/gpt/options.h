@@ -4,6 +4,8 @@
 #include <optional>
 #include <string>
 
+#include "preset.h"  // --preset
+
 namespace gpt {
 
 struct GptTrainerOptions {
@@ -16,7 +18,8 @@ struct GptTrainerOptions {
   int zero = 0;                 // over the data-parallel dimension
   std::string amp = "none";     // none | bf16
   bool activation_checkpointing = false;
-  // The model.
+  // The model. A preset (preset.h) sets the model's flags not given explicitly.
+  std::string preset;  // empty: none, the CPU-sized defaults below
   std::int64_t layers = 4;
   std::int64_t embed_dim = 128;
   std::int64_t heads = 4;
@@ -38,6 +41,7 @@ struct GptTrainerOptions {
   std::string fortunes_dir = "/usr/share/games/fortunes";
   std::string cache_dir;  // empty: $XDG_CACHE_HOME/cohort/gpt or ~/.cache/cohort/gpt
   int vocab_size = 2048;  // SentencePiece BPE pieces, before padding to the TP size
+  int vocab_multiple = 1;  // the model's vocabulary: padded to a multiple of this and of --tp
   // The sample at the end.
   int samples = 3;
   int sample_tokens = 48;

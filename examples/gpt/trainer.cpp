@@ -30,6 +30,7 @@
 #include "optimizer.h"
 #include "peer.h"
 #include "performance.h"
+#include "preset.h"
 #include "sample.h"
 #include "strategy.h"
 #include "tokenizer.h"
@@ -116,6 +117,7 @@ std::vector<cohort::comm::Setting> shared_settings(const GptTrainerOptions& o) {
       {"--context", text(o.context)},
       {"--dropout", text(o.dropout)},
       {"--vocab-size", text(o.vocab_size)},
+      {"--vocab-multiple", text(o.vocab_multiple)},
       {"--steps", text(o.steps)},
       {"--batch-size", text(o.batch_size)},
       {"--lr", text(o.lr)},
@@ -180,9 +182,9 @@ int train(const GptTrainerOptions& o) {
   cache.rank = world.rank();
   cache.builder_rank = world.rank() - world.local_rank();
   const auto tokens = load_token_streams(corpus, cache);
-  // The vocabulary is split over the TP group: pad it to a multiple of its size
-  // (the padding's rows are never a target, and sampling skips them).
-  const int padded_vocab = (tokens.vocab_size + o.tp - 1) / o.tp * o.tp;
+  // The vocabulary is split over the TP group: pad it to a multiple of its size and
+  // of --vocab-multiple (Note [The padding is never a token] in preset.cpp).
+  const auto padded_vocab = static_cast<int>(padded_vocab_size(tokens.vocab_size, o.tp, o.vocab_multiple));
   if (lead) {
     std::cout << fmt::format("gpt: {}, {} fortunes ({} training tokens, {} validation), vocabulary {} (padded to {}), "
                              "cache {}",
@@ -336,6 +338,11 @@ int train(const GptTrainerOptions& o) {
         {"context", o.context},
         {"parameters", params},
         {"vocab_size", tokens.vocab_size},
+        {"padded_vocab_size", padded_vocab},
+        {"preset", o.preset.empty() ? "none" : o.preset},
+        // What training ran (Note [Fused attention and sharded dropout]).
+        {"attention", cohort::tensor_parallel::to_string(cohort::tensor_parallel::resolve_attention_kernel(
+                          cohort::tensor_parallel::AttentionKernel::automatic, o.dropout, /*training=*/true))},
         {"peak_rss_mb_max_rank", rss.cpu().item<double>()},
         {"device", device.str()},
         {"amp", o.amp},

@@ -4,7 +4,10 @@
 // [r n/T, (r+1) n/T) whole; the output projection is row-parallel and sums the
 // heads' contributions. One all-reduce in forward, one in backward (with sequence
 // parallelism: an all-gather before and a reduce-scatter after). Attention-probability
-// dropout draws the one-process mask (dropout.h).
+// dropout draws the one-process mask (dropout.h). Where LibTorch has it (2.0 and
+// newer) and no dropout is drawn, the heads run ATen's scaled_dot_product_attention
+// (flash attention on a GPU); otherwise scores, causal mask, softmax, dropout and the
+// weighted sum explicitly (Note [Fused attention and sharded dropout] in attention.cpp).
 //
 // Its one-process twin, for tests and for loading whole weights, is four
 // torch::nn::Linear(H, H) named query, key, value and proj, in that order: a model
@@ -13,11 +16,27 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cohort/comm/group.h"
 #include "cohort/tensor_parallel/linear.h"
 
 namespace cohort::tensor_parallel {
+
+// How the heads compute attention:
+//   math       explicitly (scores, mask, softmax, sharded dropout, weighted sum), on
+//              every LibTorch; the reference the others are tested against.
+//   fused      ATen's scaled_dot_product_attention (compat/attention.h): LibTorch 2.0
+//              or newer, and dropout 0 (it draws no dropout; refused otherwise).
+//   automatic  fused where LibTorch has it and no dropout is drawn (dropout 0, or
+//              eval()), else math.
+enum class AttentionKernel { automatic, math, fused };
+
+// "auto", "math", "fused".
+std::string to_string(AttentionKernel kernel);
+
+// The kernel forward() runs for `wanted` with this dropout, in training or eval mode.
+AttentionKernel resolve_attention_kernel(AttentionKernel wanted, double dropout, bool training);
 
 struct ParallelSelfAttentionOptions {
   ParallelSelfAttentionOptions(std::int64_t embed_dim, std::int64_t num_heads)
@@ -28,6 +47,8 @@ struct ParallelSelfAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;  // on the attention probabilities
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(bool, sequence_parallel) = false;
+  // `math` forces the explicit attention (parity tests, or comparing kernels).
+  TORCH_ARG(AttentionKernel, kernel) = AttentionKernel::automatic;
 };
 
 class ParallelSelfAttentionImpl : public torch::nn::Module {
@@ -35,6 +56,8 @@ class ParallelSelfAttentionImpl : public torch::nn::Module {
   ParallelSelfAttentionImpl(comm::Group group, ParallelSelfAttentionOptions options);
   // x: [batch, sequence, embed_dim] (its sequence shard with sequence_parallel).
   at::Tensor forward(const at::Tensor& x);
+  // The kernel forward() runs now (it depends on is_training()): math or fused.
+  AttentionKernel kernel() const;
   // From the one-process twin's four layers.
   void load_whole(const torch::nn::Linear& query, const torch::nn::Linear& key, const torch::nn::Linear& value,
                   const torch::nn::Linear& proj);

@@ -19,6 +19,7 @@ ParallelTransformerBlockImpl::ParallelTransformerBlockImpl(comm::Group group, Pa
   attention = register_module(
       "attention", ParallelSelfAttention(group_, ParallelSelfAttentionOptions(h, options.num_heads())
                                                      .dropout(options.dropout())
+                                                     .kernel(options.attention_kernel())
                                                      .sequence_parallel(sp)));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h})));
   fc1 = register_module("fc1", ColumnParallelLinear(group_, ColumnParallelLinearOptions(h, hidden).sequence_parallel(sp)));

@@ -29,6 +29,7 @@ struct ParallelTransformerBlockOptions {
   TORCH_ARG(std::int64_t, mlp_ratio) = 4;
   TORCH_ARG(double, dropout) = 0.0;  // attention probabilities and both residual branches
   TORCH_ARG(bool, sequence_parallel) = false;
+  TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;  // attention.h
 };
 
 class ParallelTransformerBlockImpl : public torch::nn::Module {
