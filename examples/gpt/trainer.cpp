@@ -275,7 +275,8 @@ int train(const GptTrainerOptions& o) {
       mean = loss.detach().to(torch::kFloat64).reshape({1});
     }
     at::Tensor grad_norm;  // before clipping, the whole model's
-    if (!clip.empty()) grad_norm = cohort::optim::clip_grad_norm_(clip, cohort::optim::ClipGradNormOptions(o.clip_grad_norm));
+    if (!clip.empty())
+      grad_norm = cohort::optim::clip_grad_norm_(clip, cohort::optim::ClipGradNormOptions(o.clip_grad_norm));
     optimizer->step();
     // Averaged over the replicas.
     if (dp > 1) data.all_reduce(mean, cohort::comm::ReduceOp::kAvg);
