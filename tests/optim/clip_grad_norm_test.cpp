@@ -58,17 +58,6 @@ struct Twins {
   }
 };
 
-void load(tp::ParallelTransformerBlock& block, cohort::testing::TwinBlock& twin) {
-  torch::NoGradGuard no_grad;
-  block->ln1->weight.copy_(twin.ln1->weight);
-  block->ln1->bias.copy_(twin.ln1->bias);
-  block->ln2->weight.copy_(twin.ln2->weight);
-  block->ln2->bias.copy_(twin.ln2->bias);
-  block->attention->load_whole(twin.attention.q, twin.attention.k, twin.attention.v, twin.attention.proj);
-  block->fc1->load_whole(twin.fc1);
-  block->fc2->load_whole(twin.fc2);
-}
-
 // The clipped gradients of `block` are its twin's clipped ones, sliced as the block is.
 void expect_clipped_like(tp::ParallelTransformerBlock& block, cohort::testing::TwinBlock& twin,
                          const std::string& what) {
@@ -109,8 +98,8 @@ void tp_against_twins(int tensor, int pipeline, int data, double max_norm, doubl
     tp::ParallelTransformerBlock second(tp_group, tp::ParallelTransformerBlockOptions(8, 4));
     first->to(torch::kDouble);
     second->to(torch::kDouble);
-    load(first, twins.first);
-    load(second, twins.second);
+    cohort::testing::load_twin(first, twins.first);
+    cohort::testing::load_twin(second, twins.second);
     second(first(x)).pow(2).sum().backward();
     const int stage = mesh.coordinate(MeshDim::kPipeline);
     auto& mine = (pipeline == 1 || stage == 0) ? first : second;
@@ -159,7 +148,7 @@ TEST(ClipGradNormTensorParallel, ThePlainTorchClipOverSlicesIsWrong) {
   cohort::testing::run_thread_world(2, [&](World& w) {
     tp::ParallelTransformerBlock block(w.group(), tp::ParallelTransformerBlockOptions(8, 4));
     block->to(torch::kDouble);
-    load(block, twins.first);
+    cohort::testing::load_twin(block, twins.first);
     block(x).pow(2).sum().backward();
     const double local = torch::nn::utils::clip_grad_norm_(block->parameters(), 1e6);
     EXPECT_GT(std::abs(local - ref_norm), 1e-3 * ref_norm) << "the test proves nothing";

@@ -16,17 +16,6 @@ using namespace cohort::tensor_parallel;
 
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-void load(ParallelTransformerBlock& block, cohort::testing::TwinBlock& twin) {
-  torch::NoGradGuard no_grad;
-  block->ln1->weight.copy_(twin.ln1->weight);
-  block->ln1->bias.copy_(twin.ln1->bias);
-  block->ln2->weight.copy_(twin.ln2->weight);
-  block->ln2->bias.copy_(twin.ln2->bias);
-  block->attention->load_whole(twin.attention.q, twin.attention.k, twin.attention.v, twin.attention.proj);
-  block->fc1->load_whole(twin.fc1);
-  block->fc2->load_whole(twin.fc2);
-}
-
 TEST(TensorParallelBlock, EqualsTheOneProcessBlockWithAndWithoutSequenceParallelism) {
   torch::manual_seed(41);
   cohort::testing::TwinBlock twin(8, 4);
@@ -45,7 +34,7 @@ TEST(TensorParallelBlock, EqualsTheOneProcessBlockWithAndWithoutSequenceParallel
     cohort::testing::run_thread_world(2, [&](World& w) {
       ParallelTransformerBlock block(w.group(), ParallelTransformerBlockOptions(8, 4).sequence_parallel(sp));
       block->to(torch::kDouble);
-      load(block, twin);
+      cohort::testing::load_twin(block, twin);
       const auto r = w.rank();
       auto input = (sp ? x.detach().chunk(2, 1)[r] : x.detach()).clone().requires_grad_();
       auto out = block(input);

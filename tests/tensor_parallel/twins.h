@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cohort/tensor_parallel/block.h"
+
 namespace cohort::testing {
 
 // Causal self-attention: query, key, value, proj; no dropout.
@@ -48,5 +50,17 @@ struct TwinBlock {
     return h + fc2(torch::gelu(fc1(ln2(h))));
   }
 };
+
+// The block's slices of its twin's whole weights.
+inline void load_twin(cohort::tensor_parallel::ParallelTransformerBlock& block, TwinBlock& twin) {
+  torch::NoGradGuard no_grad;
+  block->ln1->weight.copy_(twin.ln1->weight);
+  block->ln1->bias.copy_(twin.ln1->bias);
+  block->ln2->weight.copy_(twin.ln2->weight);
+  block->ln2->bias.copy_(twin.ln2->bias);
+  block->attention->load_whole(twin.attention.q, twin.attention.k, twin.attention.v, twin.attention.proj);
+  block->fc1->load_whole(twin.fc1);
+  block->fc2->load_whole(twin.fc2);
+}
 
 }  // namespace cohort::testing
