@@ -12,7 +12,10 @@ class DataParallel : public WholeModel {
       : WholeModel(o, world, device),
         hook_(o),
         ddp_(model_, world.group(),
-             cohort::ddp::DistributedDataParallelOptions().record_timings(true).comm_hook(hook_.hook())) {}
+             // A captured step cannot time its buckets (Note [DDP inside a CUDA graph]).
+             cohort::ddp::DistributedDataParallelOptions().record_timings(!o.cuda_graphs).comm_hook(hook_.hook())) {}
+
+  cohort::ddp::DistributedDataParallelBase* ddp() override { return &ddp_; }
 
   void save_state(cohort::checkpoint::TrainingProgress& progress) override { hook_.save(progress, world_.group()); }
   void restore_state(const cohort::checkpoint::TrainingProgress& progress) override {

@@ -20,7 +20,13 @@ std::unique_ptr<torch::optim::Optimizer> make_local_optimizer(const std::string&
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& o, const Strategy& strategy,
                                                         cohort::comm::World& world) {
   cohort::zero::OptimizerFactory make = [o](std::vector<torch::Tensor> params) {
-    return make_local_optimizer(o.optimizer, o.optimizer_kernel, o.lr, std::move(params));
+    auto made = make_local_optimizer(o.optimizer, o.optimizer_kernel, o.lr, std::move(params));
+    // --cuda-graphs: Note [A step inside a CUDA graph] (cohort/optim/capturable.h).
+    if (o.cuda_graphs) {
+      if (auto* adam = dynamic_cast<cohort::optim::Adam*>(made.get())) adam->capturable(true);
+      if (auto* sgd = dynamic_cast<cohort::optim::SGD*>(made.get())) sgd->capturable(true);
+    }
+    return made;
   };
   if (const auto* sharded = strategy.fully_sharded())
     return std::make_unique<cohort::zero::FullyShardedOptimizer>(*sharded, make);

@@ -25,6 +25,9 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
                  "How the optimizer steps: auto (fused where LibTorch has it, else per parameter on the CPU and "
                  "over lists on a GPU), for-loop (torch::optim's), foreach, or fused (docs/optimizers.md)")
       ->check(CLI::IsMember({"auto", "for-loop", "foreach", "fused"}));
+  app.add_flag("--cuda-graphs", o.cuda_graphs,
+               "Capture the whole step (forward, backward, DDP's all-reduce over NCCL, the fused optimizer step) "
+               "into one CUDA graph after a few eager steps, and replay it (docs/cuda_graphs.md)");
   app.add_option("--schedule", o.schedule, "Learning rate over the run: cosine decay to 0, or constant")
       ->check(CLI::IsMember({"cosine", "constant"}));
   app.add_option("--seed", o.seed, "Seed of the initial weights and of the shuffling");
@@ -148,6 +151,32 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
            "channels-last weights would be lost; use --memory-format contiguous with --zero 3");
   if (o.amp == "fp16" && o.device == "cpu")
     refuse("--amp fp16 needs --device cuda (the CPU runs autocast in bfloat16); use --amp bf16 on the CPU");
+  if (o.cuda_graphs) {
+    // Note [What a captured step composes with] (cuda_graphs.cpp): plain DDP over
+    // NCCL, with what keeps no host decision in the step.
+    auto refuse_with = [&](bool given, const std::string& flag, const std::string& why) {
+      if (given) refuse("--cuda-graphs with " + flag + ": " + why);
+    };
+    refuse_with(o.device == "cpu", "--device cpu", "CUDA graphs capture CUDA kernels; use --device cuda");
+    refuse_with(o.fault_tolerance, "--fault-tolerance", "re-forming DDP over the live replicas changes the step, "
+                "which a graph replays unchanged; drop one of the two");
+    refuse_with(o.pipeline_stages > 1, "--pipeline-stages", "a pipeline's schedule sends and waits between stages "
+                "on the host; use --pipeline-stages 1");
+    refuse_with(o.data_parallel_replicas > 1, "--data-parallel-replicas", "DataParallel scatters and gathers over "
+                "several GPUs from the host; use one process per GPU (cohort run --nproc-per-node)");
+    refuse_with(o.zero > 0, "--zero " + std::to_string(o.zero), "the sharded optimizers are not capturable yet; "
+                "use --zero 0");
+    refuse_with(o.amp == "fp16", "--amp fp16", "the GradScaler reads on the host whether a step overflowed, to "
+                "skip it; use --amp bf16 (no scaler) or off");
+    refuse_with(o.comm_hook != "allreduce", "--comm-hook " + o.comm_hook, "a hook may keep host state between "
+                "steps (PowerSGD does); use --comm-hook allreduce");
+    refuse_with(o.activation_checkpointing, "--activation-checkpointing", "recomputation saves and restores the "
+                "RNG's state on the host; drop --activation-checkpointing");
+    refuse_with(o.optimizer_kernel == "for-loop" || o.optimizer_kernel == "foreach",
+                "--optimizer-kernel " + o.optimizer_kernel, "only the fused kernels read the learning rate and "
+                "step counts from the device, where a replay can change them; use --optimizer-kernel fused (or "
+                "auto)");
+  }
   if (o.fault_tolerance) {
     // Note [What fault tolerance composes with]: the replica group re-forms DDP over
     // the live replicas; a strategy that keeps state on each rank (ZeRO's shards, a

@@ -40,6 +40,7 @@ struct TrainerOptions {
   std::int64_t powersgd_start = 100;  // --powersgd-start: plain steps before compression
   bool fault_tolerance = false;  // in-process recovery (docs/fault_tolerance.md); under cohort run --fault-tolerance in-process
   int shards_per_replica = 1;  // with --fault-tolerance and --zero 1|2: ranks per replica, which shard the optimizer
+  bool cuda_graphs = false;  // the whole step as one CUDA graph (cuda_graphs.cpp, docs/cuda_graphs.md)
   int zero = 0;  // 0 | 1 | 2 | 3: the optimizer's state sharded, at 2 the gradients, at 3 the parameters (docs/zero.md)
 };
 

@@ -28,6 +28,7 @@ std::vector<cohort::comm::Setting> shared_settings(const TrainerOptions& o, std:
       {"--lr", text(o.lr)},
       {"--optimizer", o.optimizer},
       {"--optimizer-kernel", o.optimizer_kernel},
+      {"--cuda-graphs", flag(o.cuda_graphs)},
       {"--schedule", o.schedule},
       {"--seed", text(o.seed)},
       {"--data-dir (training samples read)", text(train_samples)},

@@ -31,6 +31,10 @@
 #include "mixed_precision.h"
 #include "options.h"
 
+namespace cohort::ddp {
+class DistributedDataParallelBase;
+}  // namespace cohort::ddp
+
 namespace fashion_mnist {
 
 class Strategy {
@@ -64,6 +68,8 @@ class Strategy {
                     const cohort::checkpoint::TrainingProgress& progress, c10::Device device) {
     checkpointer.save(model(), optimizer, progress, device);
   }
+  // The DDP the step runs through (--cuda-graphs captures it); null where there is none.
+  virtual cohort::ddp::DistributedDataParallelBase* ddp() { return nullptr; }
   // The sharded model under --zero 3 (its optimizer is built over the shards); null otherwise.
   virtual const cohort::zero::FullyShardedModel* fully_sharded() const { return nullptr; }
   // Collective: the strategy's own state into a checkpoint (PowerSGD's), and back.

@@ -32,6 +32,7 @@
 #include "cohort/data/fashion_mnist.h"
 #include "cohort/errors.h"
 #include "cohort/system/cuda.h"
+#include "cuda_graphs.h"
 #include "evaluate.h"
 #include "fault_tolerant.h"
 #include "optimizer.h"
@@ -100,6 +101,10 @@ int train(const TrainerOptions& o) {
   const bool lead = world.rank() == 0;
   if (o.deterministic) make_deterministic();
   const c10::Device device = choose_device(o, world);
+  if (o.cuda_graphs) {  // --device auto may have landed on the CPU, or this LibTorch has no CUDA
+    const auto why = cohort::cuda_graphs::why_no_cuda_graphs(device);
+    if (!why.empty()) throw cohort::ConfigError("fashion_mnist: --cuda-graphs: " + why);
+  }
 
   FashionMnist train_set(o.data_dir, FashionMnist::Split::kTrain);
   FashionMnist test_set(o.data_dir, FashionMnist::Split::kTest);
@@ -117,6 +122,10 @@ int train(const TrainerOptions& o) {
                                                  : make_data_parallel(o, world, device);
   auto optimizer = make_optimizer(o, *strategy, world);
   MixedPrecision precision(o, device, world.group());
+  std::unique_ptr<GraphedStep> graphed;  // --cuda-graphs
+  if (o.cuda_graphs) graphed = std::make_unique<GraphedStep>(*strategy, *optimizer, precision, device);
+  // A captured step replays one batch shape (Note [Short last batch]).
+  const std::int64_t min_rows = graphed ? o.batch_size : strategy->min_batch_rows();
   // The data is sharded over the data-parallel replicas: every stage of one pipeline
   // reads the same batch (the first stage its images, the last its labels).
   cohort::data::DistributedSampler sampler(
@@ -207,16 +216,19 @@ int train(const TrainerOptions& o) {
     }
     for (; it != loader->end();) {
       auto& batch = *it;
-      if (batch.data.size(0) < strategy->min_batch_rows()) {
+      if (batch.data.size(0) < min_rows) {
         // Note [Short last batch]: only an epoch's last batch can be short (the
         // sampler pads the replicas to equal shares), and a pipeline cannot cut it
-        // into its micro-batches. Every replica skips it alike, as a data loader with
-        // drop_last would; its samples count as seen, so a resume lands where it would.
+        // into its micro-batches, nor a CUDA graph replay another shape. Every
+        // replica skips it alike, as a data loader with drop_last would; its samples
+        // count as seen, so a resume lands where it would.
         if (lead && !warned_short) {
-          std::cout << fmt::format("note: skipping each epoch's last batch of {} rows per replica: the pipeline "
-                                   "cuts a batch into {} micro-batches (use a --batch-size that divides the "
-                                   "data, or fewer --microbatches)",
-                                   batch.data.size(0), strategy->min_batch_rows())
+          std::cout << fmt::format("note: skipping each epoch's last batch of {} rows per replica: {} (use a "
+                                   "--batch-size that divides the data{})",
+                                   batch.data.size(0),
+                                   graphed ? "a CUDA graph replays batches of --batch-size rows"
+                                           : fmt::format("the pipeline cuts a batch into {} micro-batches", min_rows),
+                                   graphed ? "" : ", or fewer --microbatches")
                     << std::endl;
         }
         warned_short = true;
@@ -226,9 +238,12 @@ int train(const TrainerOptions& o) {
       profiler.begin_step(progress.step + 1);
       const double fraction = (static_cast<double>(epoch * epoch_samples) + done) / run_samples;
       optimizer->param_groups()[0].options().set_lr(learning_rate(o, fraction));
-      optimizer->zero_grad();
-      const auto loss = strategy->forward_backward(batch.data, batch.target, precision, profiler);
-      {
+      at::Tensor loss;
+      if (graphed) {
+        loss = graphed->step(batch.data, batch.target, profiler);
+      } else {
+        optimizer->zero_grad();
+        loss = strategy->forward_backward(batch.data, batch.target, precision, profiler);
         auto p = profiler.phase("optimizer");
         precision.step(*optimizer);
       }
@@ -342,6 +357,7 @@ int train(const TrainerOptions& o) {
         {"device", device.str()},
         {"amp", o.amp},
         {"zero", o.zero},
+        {"cuda_graphs", graphed != nullptr && graphed->captured()},
         {"memory_per_rank", memory},
     };
     if (o.amp == "fp16") summary["amp_scaler"] = {{"scale", precision.loss_scale()}, {"skipped_steps", precision.skipped_steps()}};

@@ -606,6 +606,47 @@ TEST(Trainer, DeviceCudaSaysWhatIsMissing) {
 #endif
 }
 
+TEST(Trainer, CudaGraphsFlagsThatCannotWorkExitTwo) {
+  // Note [What a captured step composes with] (examples/fashion_mnist/cuda_graphs.h).
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--device", "cpu"}, "--cuda-graphs with --device cpu: CUDA graphs capture CUDA kernels"},
+      {{"--device", "cuda", "--zero", "1"}, "--cuda-graphs with --zero 1: the sharded optimizers are not capturable"},
+      {{"--device", "cuda", "--amp", "fp16"}, "--cuda-graphs with --amp fp16: the GradScaler reads on the host"},
+      {{"--device", "cuda", "--comm-hook", "powersgd"}, "--cuda-graphs with --comm-hook powersgd"},
+      {{"--device", "cuda", "--pipeline-stages", "2"}, "--cuda-graphs with --pipeline-stages"},
+      {{"--device", "cuda", "--data-parallel-replicas", "2"}, "--cuda-graphs with --data-parallel-replicas"},
+      {{"--device", "cuda", "--activation-checkpointing"}, "--cuda-graphs with --activation-checkpointing"},
+      {{"--device", "cuda", "--optimizer-kernel", "foreach"},
+       "--cuda-graphs with --optimizer-kernel foreach: only the fused kernels"},
+      {{"--device", "cuda", "--fault-tolerance"}, "--cuda-graphs with --fault-tolerance"},
+  };
+  for (const auto& [flags, why] : refused) {
+    std::vector<std::string> argv = {COHORT_TRAINER_PATH, "--cuda-graphs"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto r = cohort::testing::run_process(argv, 30s);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_NE(r.err.find(why), std::string::npos) << why << "\n" << r.err;
+  }
+}
+
+TEST(Trainer, CudaGraphsWithoutAGpuSayWhy) {
+  // Without a GPU, --device auto lands on the CPU after the flags were accepted: the
+  // trainer says why the step cannot be captured, by this LibTorch's kind.
+  auto r = run_trainer(1, with(kQuick, {"--device", "auto", "--cuda-graphs"}));
+  if (cohort::system::detect_cuda().visible_gpus > 0) {  // auto is the GPU: the step is captured
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("\"cuda_graphs\":true"), std::string::npos) << r.out;
+    return;
+  }
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+#ifdef COHORT_HAVE_NCCL
+  EXPECT_NE(r.err.find("--cuda-graphs: CUDA graphs capture CUDA kernels, and the step runs on cpu"), std::string::npos)
+      << r.err;
+#else
+  EXPECT_NE(r.err.find("--cuda-graphs: this LibTorch has no CUDA"), std::string::npos) << r.err;
+#endif
+}
+
 TEST(Trainer, PipelineFlagsThatCannotWorkExitTwo) {
   auto bad = cohort::testing::run_process({COHORT_TRAINER_PATH, "--pipeline-schedule", "gpipe"}, 30s);
   EXPECT_EQ(bad.exit_code, 2) << describe(bad);

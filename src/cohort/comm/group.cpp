@@ -1,3 +1,4 @@
+#include "cohort/system/stream_capture.h"
 #include "cohort/comm/group.h"
 
 #include <ATen/ATen.h>
@@ -253,6 +254,15 @@ Pending::Pending(std::shared_ptr<GroupState> group, c10::intrusive_ptr<compat::W
 void Pending::wait() {
   if (!work_) return;
   auto work = std::move(work_);
+  // Note [DDP inside a CUDA graph] (ddp/step_end.cpp): while the stream is captured,
+  // the stream waits and the host goes on; c10d's wait() without a timeout does
+  // that for NCCL. No timeout can bound it here (nothing runs before a replay); the
+  // backend's watchdog, which has the group's timeout, bounds each replay's.
+  if (device_ && system::stream_capturing(*device_)) {
+    work->wait();
+    if (finish_) finish_();
+    return;
+  }
   // Note [Device time on the host's clock]: the device's end of the operation is
   // marked on a side stream made to wait for the backend by Work::synchronize().
   // NCCL's completion event exists from the launch, so the side stream waits for it

@@ -7,8 +7,28 @@
 
 #include "cohort/ddp/reducer.h"
 #include "cohort/errors.h"
+#include "cohort/system/stream_capture.h"
 
 namespace cohort::ddp {
+
+// Note [DDP inside a CUDA graph]
+// A CUDA graph captures the kernels a step launches and replays them with no host
+// code at all: no hook, no bookkeeping. So what the reducer does on the host must be
+// the same in every step, and it must not make the host wait for the device. While
+// the parameters' stream is being captured (system::stream_capturing), the reducer
+//  - makes the stream wait for each bucket's all-reduce where it would make the
+//    host wait, bounded, for it (comm::Pending::wait sees the capture too);
+//  - launches no step status of its own and reads none: a replay cannot fail
+//    part-way on one rank, and every rank replays the same step (Note [Steps that
+//    pair] is about host code that differs between ranks). A status riding in the
+//    last bucket is still written (a kernel) and its sum ignored.
+// What would differ between steps is refused before the capture starts, with the
+// fix (cuda_graphs/captured_step.h, why_not_capturable): the unused-parameter search
+// (find_unused_parameters, static_graph), join, comm hooks (they may keep host
+// state, as PowerSGD does), bucket timings and timelines (event queries), buffer
+// broadcasts (a bounded host wait), a backend other than NCCL, and buckets not yet
+// rebuilt (Note [Rebuilding buckets]: the rebuild reads the host; run two steps
+// first). Not yet run on a GPU.
 
 namespace {
 
@@ -173,7 +193,8 @@ void Reducer::close_failed_step() {
 // After the last bucket and the mask: riding, the status's slot is written and the
 // last bucket launched with it (Note [The status rides in the last bucket]).
 void Reducer::launch_status(bool failed, std::uint64_t step) {
-  status_.launch(failed, step);
+  // Note [DDP inside a CUDA graph]: a status of its own is not launched in a capture.
+  if (status_.rides() || !system::stream_capturing(params_.front().device())) status_.launch(failed, step);
   launch_ready_buckets();
 }
 
@@ -183,6 +204,15 @@ void Reducer::launch_remaining_buckets() {
 }
 
 std::vector<int> Reducer::wait_for_step() {
+  if (system::stream_capturing(params_.front().device())) {  // Note [DDP inside a CUDA graph]
+    for (auto& b : buckets_) {
+      if (!b.launched) continue;
+      b.work.wait();  // the stream waits (comm::Pending::wait in a capture), not the host
+      b.in_flight.reset();
+    }
+    if (status_.launched()) status_.drop();
+    return {};
+  }
   try {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       if (!buckets_[b].launched) continue;

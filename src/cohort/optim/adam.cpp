@@ -7,6 +7,7 @@
 
 #include "cohort/compat/fused_optimizer.h"
 #include "cohort/compat/optimizer.h"
+#include "cohort/optim/capturable.h"
 #include "cohort/optim/tensor_lists.h"
 
 namespace cohort::optim {
@@ -78,6 +79,17 @@ void foreach_step(const std::vector<at::Tensor>& params, const Moments& m, std::
   at::_foreach_addcdiv_(params, m.exp_avg, denom, -h.lr / bc1);
 }
 
+// Capturable (Note [A step inside a CUDA graph]): the learning rate and the step
+// counts come from the device.
+void capturable_step(const std::vector<at::Tensor>& params, const Moments& m, const std::vector<at::Tensor>& steps,
+                     const at::Tensor& lr, const Hyper& h) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) grads.push_back(p.grad());
+  compat::fused_adam_(params, grads, m.exp_avg, m.exp_avg_sq, h.amsgrad ? m.max_exp_avg_sq : std::vector<at::Tensor>{},
+                      steps, lr, h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad, h.decoupled);
+}
+
 void fused_step(const std::vector<at::Tensor>& params, const Moments& m, std::int64_t step, const Hyper& h) {
   std::vector<at::Tensor> grads;
   grads.reserve(params.size());
@@ -94,10 +106,11 @@ void fused_step(const std::vector<at::Tensor>& params, const Moments& m, std::in
 template <class State>
 at::Tensor adam_step(torch::optim::Optimizer& self, const torch::optim::Optimizer::LossClosure& closure,
                      StepKernel wanted, const char* who,
-                     Hyper (*hyper)(const torch::optim::OptimizerOptions&)) {
+                     Hyper (*hyper)(const torch::optim::OptimizerOptions&), DeviceStepState& device) {
   at::NoGradGuard no_grad;
   auto loss = run_closure(closure);
-  for (auto& group : self.param_groups()) {
+  for (std::size_t g = 0; g < self.param_groups().size(); ++g) {
+    auto& group = self.param_groups()[g];
     const auto h = hyper(group.options());
     const auto params = params_with_grads(group, who);
     std::vector<State*> states;
@@ -125,6 +138,13 @@ at::Tensor adam_step(torch::optim::Optimizer& self, const torch::optim::Optimize
         m.exp_avg_sq.push_back(states[i]->exp_avg_sq());
         if (h.amsgrad) m.max_exp_avg_sq.push_back(states[i]->max_exp_avg_sq());
       }
+      if (device.on) {
+        resolve(StepKernel::fused, list.device, list.dtype);  // throws, naming the fix, where there is none
+        const std::vector<std::int64_t> before(list.members.size(), list.extra - 1);
+        capturable_step(members, m, advance_device_steps(device, members, before),
+                        learning_rate_tensor(device, g, who), h);
+        continue;
+      }
       switch (resolve(wanted, list.device, list.dtype)) {
         case StepKernel::fused: fused_step(members, m, list.extra, h); break;
         case StepKernel::foreach: foreach_step(members, m, list.extra, h); break;
@@ -138,6 +158,17 @@ at::Tensor adam_step(torch::optim::Optimizer& self, const torch::optim::Optimize
 Hyper adam_hyper(const torch::optim::OptimizerOptions& o) { return hyper_of<torch::optim::AdamOptions>(o, false); }
 Hyper adamw_hyper(const torch::optim::OptimizerOptions& o) { return hyper_of<torch::optim::AdamWOptions>(o, true); }
 
+template <class State>
+void add_to_counts(torch::optim::Optimizer& self, int delta) {
+  for (auto& group : self.param_groups())
+    for (const auto& p : group.params()) {
+      auto it = self.state().find(compat::optimizer_state_key(p));
+      if (it == self.state().end() || !it->second) continue;
+      auto& s = static_cast<State&>(*it->second);
+      s.step(s.step() + delta);
+    }
+}
+
 }  // namespace
 
 Adam::Adam(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamOptions defaults,
@@ -146,7 +177,19 @@ Adam::Adam(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::
 Adam::Adam(std::vector<at::Tensor> params, torch::optim::AdamOptions defaults, StepKernel kernel)
     : torch::optim::Adam(std::move(params), defaults), kernel_(kernel) {}
 at::Tensor Adam::step(LossClosure closure) {
-  return adam_step<torch::optim::AdamParamState>(*this, closure, kernel_, "Adam", adam_hyper);
+  return adam_step<torch::optim::AdamParamState>(*this, closure, kernel_, "Adam", adam_hyper, device_);
+}
+Adam& Adam::capturable(bool on) {
+  if (on) require_capturable(kernel_, "Adam");
+  device_.on = on;
+  if (!on) reset_device_state();
+  return *this;
+}
+void Adam::load_learning_rates() { optim::load_learning_rates(*this, device_); }
+void Adam::count_steps(int delta) { add_to_counts<torch::optim::AdamParamState>(*this, delta); }
+void Adam::reset_device_state() {
+  device_.lrs.clear();
+  device_.steps.clear();
 }
 
 AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults,
@@ -155,7 +198,19 @@ AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim
 AdamW::AdamW(std::vector<at::Tensor> params, torch::optim::AdamWOptions defaults, StepKernel kernel)
     : torch::optim::AdamW(std::move(params), defaults), kernel_(kernel) {}
 at::Tensor AdamW::step(LossClosure closure) {
-  return adam_step<torch::optim::AdamWParamState>(*this, closure, kernel_, "AdamW", adamw_hyper);
+  return adam_step<torch::optim::AdamWParamState>(*this, closure, kernel_, "AdamW", adamw_hyper, device_);
+}
+AdamW& AdamW::capturable(bool on) {
+  if (on) require_capturable(kernel_, "AdamW");
+  device_.on = on;
+  if (!on) reset_device_state();
+  return *this;
+}
+void AdamW::load_learning_rates() { optim::load_learning_rates(*this, device_); }
+void AdamW::count_steps(int delta) { add_to_counts<torch::optim::AdamWParamState>(*this, delta); }
+void AdamW::reset_device_state() {
+  device_.lrs.clear();
+  device_.steps.clear();
 }
 
 }  // namespace cohort::optim

@@ -50,9 +50,13 @@ void foreach_step(SgdList& l, const torch::optim::SGDOptions& o) {
   at::_foreach_add_(l.params, d_p, -o.lr());
 }
 
-void fused_step(SgdList& l, const torch::optim::SGDOptions& o) {
-  compat::fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
-                     o.nesterov(), l.first);
+void fused_step(SgdList& l, const torch::optim::SGDOptions& o, const at::Tensor* lr) {
+  if (lr)
+    compat::fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), *lr, o.dampening(), o.nesterov(),
+                       l.first);
+  else
+    compat::fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                       o.nesterov(), l.first);
 }
 
 }  // namespace
@@ -70,7 +74,8 @@ SGD::SGD(std::vector<at::Tensor> params, torch::optim::SGDOptions defaults, Step
 at::Tensor SGD::step(LossClosure closure) {
   at::NoGradGuard no_grad;
   auto loss = run_closure(closure);
-  for (auto& group : param_groups()) {
+  for (std::size_t g = 0; g < param_groups().size(); ++g) {
+    auto& group = param_groups()[g];
     const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
     const auto params = params_with_grads(group, "SGD");
     auto has_buffer = [&](std::size_t i) -> std::int64_t {
@@ -92,8 +97,13 @@ at::Tensor SGD::step(LossClosure closure) {
         }
         l.buffers.push_back(static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer());
       }
+      if (device_.on) {
+        resolve(StepKernel::fused, list.device, list.dtype);  // throws, naming the fix, where there is none
+        fused_step(l, o, &learning_rate_tensor(device_, g, "SGD"));
+        continue;
+      }
       switch (resolve(kernel_, list.device, list.dtype)) {
-        case StepKernel::fused: fused_step(l, o); break;
+        case StepKernel::fused: fused_step(l, o, nullptr); break;
         case StepKernel::foreach: foreach_step(l, o); break;
         default: for_loop_step(l, o); break;
       }
@@ -101,5 +111,14 @@ at::Tensor SGD::step(LossClosure closure) {
   }
   return loss;
 }
+
+SGD& SGD::capturable(bool on) {
+  if (on) require_capturable(kernel_, "SGD");
+  device_.on = on;
+  if (!on) reset_device_state();
+  return *this;
+}
+
+void SGD::load_learning_rates() { optim::load_learning_rates(*this, device_); }
 
 }  // namespace cohort::optim

@@ -1,8 +1,12 @@
 #include "cohort/optim/tensor_lists.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/version.h>
 
+#include "cohort/compat/fused_optimizer.h"
 #include "cohort/errors.h"
+#include "cohort/optim/capturable.h"
 
 namespace cohort::optim {
 
@@ -54,6 +58,51 @@ at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
   if (!closure) return {};
   at::AutoGradMode enable_grad(true);
   return closure();
+}
+
+void require_capturable(StepKernel wanted, const std::string& who) {
+  if (!compat::kHasFusedOptimizers)
+    throw ConfigError("cohort " + who + ": capturable(true) needs the fused kernels, which take the learning rate and "
+                      "step counts as device tensors, and LibTorch " + TORCH_VERSION +
+                      " has none (LibTorch 2.4 or newer has them); fix: drop capturable (and CUDA graphs)");
+  if (wanted == StepKernel::for_loop || wanted == StepKernel::foreach)
+    throw ConfigError("cohort " + who + ": capturable(true) runs the fused kernel only, but the step kernel is " +
+                      to_string(wanted) + "; fix: use StepKernel::fused or StepKernel::automatic");
+}
+
+void load_learning_rates(torch::optim::Optimizer& optimizer, DeviceStepState& state) {
+  auto& groups = optimizer.param_groups();
+  state.lrs.resize(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].params().empty()) continue;
+    const double lr = groups[g].options().get_lr();
+    auto& t = state.lrs[g];
+    if (!t.defined())
+      t = at::full({}, lr, groups[g].params().front().options().dtype(at::kFloat).requires_grad(false));
+    else
+      t.fill_(lr);
+  }
+}
+
+const at::Tensor& learning_rate_tensor(const DeviceStepState& state, std::size_t index, const std::string& who) {
+  if (index >= state.lrs.size() || !state.lrs[index].defined())
+    throw ConfigError("cohort " + who + ": a capturable optimizer reads the learning rate from the device; call "
+                      "load_learning_rates() before every step (Note [A step inside a CUDA graph])");
+  return state.lrs[index];
+}
+
+std::vector<at::Tensor> advance_device_steps(DeviceStepState& state, const std::vector<at::Tensor>& params,
+                                             const std::vector<std::int64_t>& host_counts) {
+  std::vector<at::Tensor> out;
+  out.reserve(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto& t = state.steps[params[i].unsafeGetTensorImpl()];
+    if (!t.defined())
+      t = at::full({}, static_cast<double>(host_counts[i]), params[i].options().dtype(at::kFloat).requires_grad(false));
+    out.push_back(t);
+  }
+  at::_foreach_add_(out, 1);
+  return out;
 }
 
 }  // namespace cohort::optim

@@ -39,4 +39,19 @@ std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all, const TensorLis
 // without one.
 at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure);
 
+// ---- capturable steps (Note [A step inside a CUDA graph], capturable.h) ----
+struct DeviceStepState;
+// Throws ConfigError unless `wanted` can run capturable here: fused or automatic, on
+// a LibTorch with fused kernels.
+void require_capturable(StepKernel wanted, const std::string& who);
+// Writes every group's learning rate into state.lrs (one 0-dim float tensor per
+// group, on its first parameter's device).
+void load_learning_rates(torch::optim::Optimizer& optimizer, DeviceStepState& state);
+// Group `index`'s learning rate tensor; throws if load_learning_rates never ran.
+const at::Tensor& learning_rate_tensor(const DeviceStepState& state, std::size_t index, const std::string& who);
+// The device step counts of `params` (made from `host_counts`, the counts before
+// this step, where missing), incremented by one on the device.
+std::vector<at::Tensor> advance_device_steps(DeviceStepState& state, const std::vector<at::Tensor>& params,
+                                             const std::vector<std::int64_t>& host_counts);
+
 }  // namespace cohort::optim
