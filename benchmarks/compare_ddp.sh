@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # DDP training, cohort against PyTorch's own DDP, in one run (BENCHMARKS.md):
 #   1. throughput: steps/s of the three models of bench_models.h, without DDP
-#      (world 1) and with DDP at worlds 1, 2, 4, ... up to NPROC, both sides;
+#      (world 1) and with DDP at worlds 1, 2, 4, ... up to NPROC, both sides, over
+#      ROUNDS rounds (Note [Interleaved rounds]);
 #   2. overhead: cohort DDP against local training at world 1, alternating
 #      repetitions in one process; overlap: cohort's per-bucket timings for the
 #      deep model at world 2;
@@ -9,16 +10,28 @@
 #      deep model, each in a fresh process, worlds 1 and 2, both sides.
 # Both sides are started by `cohort run`, use Gloo on lo and one thread per rank.
 # Prints every JSON line, then summary tables.
-#   benchmarks/compare_ddp.sh [BUILD_DIR] [NPROC]
+#   benchmarks/compare_ddp.sh [BUILD_DIR] [NPROC] [ROUNDS]
 # Throughput and the world-1 overhead run once per allocator setting (Note [Equal
 # allocator settings] in bench_env.sh), each table naming its setting.
 # Extra arguments for both throughput programs go in DDP_BENCH_ARGS;
-# COHORT_BENCH_SMOKE=1 runs every part with a few steps.
+# COHORT_BENCH_SMOKE=1 runs every part with a few steps and 2 rounds.
+#
+# Note [Interleaved rounds]: one run of each side said little. On 12-02 two runs of
+# the same build a few minutes apart gave cohort/torch 1.18/1.06/0.99 and then
+# 0.94/0.89/0.89 at world 2 (issue 48, item 4), and on a shared 2-core VM one
+# process's median moves by 30 % from one run to the next. So each configuration
+# (setting, world, mode) runs ROUNDS times per side, each run a fresh process with
+# its own warm-up, the sides alternating c p, p c, c p, ... so that neither always
+# runs first (on a warm cache, or just after the other side's sockets closed), and
+# the rounds are the outer loop, so that a machine that drifts over minutes
+# affects every configuration of a round alike. The tables give per side the
+# median over rounds and its range, and the ratio of each round's adjacent pair.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/bench_env.sh"
 build=${1:-build}
 nproc=${2:-2}
+rounds=${3:-5}
 python=/usr/bin/python3   # Debian's python3-torch
 bench=$build/benchmarks/ddp_bench
 peer=$here/ddp_peer.py
@@ -26,7 +39,7 @@ read -r -a extra <<< "${DDP_BENCH_ARGS:-}"
 overhead_reps=9 measured=(--warmup 5 --steps 10) overlap_args=()
 if [[ $bench_smoke == 1 ]]; then
   extra=(--steps 2 --reps 1 --warmup 1) overhead_reps=1 measured=(--warmup 1 --steps 2)
-  overlap_args=(--warmup 1 --steps 2)
+  overlap_args=(--warmup 1 --steps 2) rounds=2
 fi
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
 out=$(mktemp)
@@ -34,14 +47,18 @@ trap 'rm -f "$out"' EXIT
 
 # run WORLD PROGRAM ARGS...: rank 0's JSON lines, echoed and kept. A Python peer is
 # a stock c10d worker (Note [Stock workers under cohort run] in bench_env.sh).
-# BENCH_MALLOC (exported by run_in) tags each JSON line with its allocator setting.
+# BENCH_MALLOC (exported by run_in) tags each JSON line with its allocator setting,
+# BENCH_TAG with its round and place in it; "load" is the machine's 1-minute load
+# average as the run starts, so that figures taken on a busy machine say so.
 run() {
   local world=$1
   shift
-  local conf=()
+  local conf=() load
   [[ $1 == "$python" ]] && conf=("${peer_conf[@]}")
+  read -r load _ < /proc/loadavg
   "$build/tools/cohort/cohort" run --nproc-per-node "$world" --local-ranks-filter 0 "${conf[@]}" "$@" |
-    sed 's/^\[rank0\]: //' | sed "s/^{/{\"malloc\":\"${BENCH_MALLOC:-default}\",/" | tee -a "$out"
+    sed 's/^\[rank0\]: //' |
+    sed "s/^{/{\"malloc\":\"${BENCH_MALLOC:-default}\",\"load\":$load,${BENCH_TAG:-}/" | tee -a "$out"
 }
 
 # run_in SETTING WORLD PROGRAM ARGS...: run under that allocator setting.
@@ -57,13 +74,25 @@ for ((w = 2; w <= nproc; w *= 2)); do worlds+=("$w"); done
 [[ " ${worlds[*]} " == *" $nproc "* ]] || worlds+=("$nproc")
 pair=$((nproc >= 2 ? 2 : 1))
 
-for setting in "${malloc_settings[@]}"; do
-  run_in "$setting" 1 "$bench" throughput --mode local "${extra[@]}"
-  run_in "$setting" 1 "$python" "$peer" throughput --mode local "${extra[@]}"
-  for w in "${worlds[@]}"; do
-    run_in "$setting" "$w" "$bench" throughput --mode ddp "${extra[@]}"
-    run_in "$setting" "$w" "$python" "$peer" throughput --mode ddp "${extra[@]}"
+# The throughput runs: for each round, setting and configuration, one fresh process
+# per side, the side that goes first alternating from round to round.
+for ((round = 1; round <= rounds; round++)); do
+  order=(cohort torch)
+  ((round % 2 == 0)) && order=(torch cohort)
+  for setting in "${malloc_settings[@]}"; do
+    for config in local "${worlds[@]}"; do
+      world=$config mode=ddp
+      [[ $config == local ]] && world=1 mode=local
+      for side in "${order[@]}"; do
+        prog=("$bench")
+        [[ $side == torch ]] && prog=("$python" "$peer")
+        BENCH_TAG="\"round\":$round,\"first\":\"${order[0]}\"," \
+          run_in "$setting" "$world" "${prog[@]}" throughput --mode "$mode" "${extra[@]}"
+      done
+    done
   done
+done
+for setting in "${malloc_settings[@]}"; do
   run_in "$setting" 1 "$bench" overhead --reps "$overhead_reps" "${overlap_args[@]}"
 done
 
@@ -82,10 +111,11 @@ for w in $(printf '%s\n' 1 "$pair" | sort -u); do
 done
 
 "$python" - "$out" <<'PY'
-import json, sys
+import json, os, statistics, sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 settings = list(dict.fromkeys(r["malloc"] for r in rows if "steps_per_s" in r))
+rounds = len({r["round"] for r in rows if "steps_per_s" in r})
 
 def fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
@@ -108,15 +138,51 @@ for setting in settings:
     print(f"\n### Allocator: {setting}" + (" (MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ 1e9, both sides)"
                                             if setting == "equal" else " (glibc's defaults)"))
     mine = [r for r in rows if r.get("malloc") == setting]
-    rate = {(r["impl"], r["model"], r["world"]): r["steps_per_s"] for r in mine if "steps_per_s" in r}
-    cpu = {(r["impl"], r["model"], r["world"]): r["cpu_ms_per_step"] for r in mine if "steps_per_s" in r}
+    # (impl, model, world) -> {round: the run's figure}; each run's figure is the
+    # median of its repetitions, each table's the median over rounds.
+    per_round = {}
+    for r in (r for r in mine if "steps_per_s" in r):
+        per_round.setdefault((r["impl"], r["model"], r["world"]), {})[r["round"]] = r
+    def over_rounds(key):
+        return {k: statistics.median(r[key] for r in runs.values()) for k, runs in per_round.items()}
+    rate, cpu = over_rounds("steps_per_s"), over_rounds("cpu_ms_per_step")
     models = list(dict.fromkeys(m for _, m, _ in rate))
     worlds = sorted({w for i, _, w in rate if i.endswith("ddp")})
     # In both tables a ratio above 1 means cohort is faster (or uses less CPU).
-    table("Throughput, steps/s (median of repetitions; the local columns are world 1)", rate, ratio,
-          ("cohort/torch", "local/torch-local"))
+    table(f"Throughput, steps/s (median over {rounds} rounds of each run's median of repetitions; "
+          "the local columns are world 1)", rate, ratio, ("cohort/torch", "local/torch-local"))
     table("CPU time per step, ms (rank 0's process, every thread)", cpu, lambda c, t: ratio(t, c),
           ("torch/cohort", "torch-local/local"))
+
+    # The spread: each round's cohort run against the torch run beside it.
+    print(f"\nSpread over {rounds} rounds, steps/s: median [min-max] per side; cohort/torch in each round "
+          "(* where torch ran first), their median and minimum, and the rounds cohort led; then the same "
+          "round's ratio of CPU time per step, torch/cohort (less disturbed by other load), median and minimum")
+    print(f"{'model':<6}{'mode':>6}{'world':>6}{'cohort':>22}{'torch':>22}   {'per round':<{7 * rounds}}"
+          f"{'median':>7}{'min':>6}{'led':>6}{'cpu med':>8}{'min':>6}")
+    led_everywhere = True
+    for m in models:
+        for mode, w, c_impl, t_impl in [("local", 1, "local", "torch-local")] + \
+                [("ddp", w, "cohort-ddp", "torch-ddp") for w in worlds]:
+            c, t = per_round.get((c_impl, m, w), {}), per_round.get((t_impl, m, w), {})
+            both = sorted(set(c) & set(t))
+            if not both:
+                continue
+            def side(runs):
+                xs = [r["steps_per_s"] for r in runs.values()]
+                return f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"
+            ratios = [c[i]["steps_per_s"] / t[i]["steps_per_s"] for i in both]
+            marks = "".join(f"{x:.2f}{'*' if c[i]['first'] == 'torch' else ' '} " for i, x in zip(both, ratios))
+            cpu_ratios = [t[i]["cpu_ms_per_step"] / c[i]["cpu_ms_per_step"] for i in both]
+            led = sum(x > 1 for x in ratios)
+            led_everywhere &= led == len(ratios)
+            print(f"{m:<6}{mode:>6}{w:>6}{side(c):>22}{side(t):>22}   {marks:<{7 * rounds}}"
+                  f"{statistics.median(ratios):>7.2f}{min(ratios):>6.2f}{f'{led}/{len(ratios)}':>6}"
+                  f"{statistics.median(cpu_ratios):>8.2f}{min(cpu_ratios):>6.2f}")
+    print(f"cohort faster in every round, every model and world: {'yes' if led_everywhere else 'no'}")
+    loads = [r["load"] for runs in per_round.values() for r in runs.values()]
+    print(f"1-minute load average as the runs started: {min(loads):.2f}-{max(loads):.2f} "
+          f"(median {statistics.median(loads):.2f}), {len(os.sched_getaffinity(0))} cores")
 
     print("\nDDP overhead at world 1: extra time per step against the same side's local training, %")
     print(f"{'model':<6}{'cohort wall':>12}{'cohort cpu':>11}{'torch wall':>11}{'torch cpu':>10}")
