@@ -62,8 +62,8 @@ Peak find_peak(const cohort::comm::World& world, c10::Device device, double over
     const int cores = std::min(usable_cores(), world.local_size() * at::get_num_threads());
     peak.gflops = per_core * cores * nodes;
     peak.source = "measured";
-    peak.detail = fmt::format("a GEMM on one core, {:.1f} GFLOP/s, times {} cores on each of {} nodes", per_core,
-                              cores, nodes);
+    peak.detail = fmt::format("a GEMM on one core, {:.1f} GFLOP/s, times {} core(s) on each of {} node(s)",
+                              per_core, cores, nodes);
     return peak;
   }
   if (const auto entry = bf16_peak_by_name(peak.device_name)) {

@@ -2,7 +2,8 @@
 // the values it sets, explicit flags over it (Note [A preset under explicit flags]),
 // the vocabulary's padding (Note [The padding is never a token]), and GPT-2 small's
 // parameter count with its tied embedding, built in one rank and stepped once at a
-// short context (no training at that size on the CPU).
+// short context (no training at that size on the CPU); and the MFU's flags beside it
+// (--peak-tflops, --timing-warmup).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
