@@ -4,7 +4,9 @@
 # run (BENCHMARKS.md, issue 31). Four parts:
 #   1. loss curve: the first STEPS losses at TP 2 from the same initial weights
 #      (gpt --save-initial) and batches (gpt --dump-data; Note [The batch rule]), fp32,
-#      no dropout: the largest difference between the two sides;
+#      no dropout: the largest difference between the two sides; and the peer's
+#      F.scaled_dot_product_attention against its explicit attention (the GPU run's
+#      --attention sdpa), which must agree within 1e-4 or the script fails;
 #   2. tokens/s at TP 2 and at DP 2, both sides alternated REPS times after a warm-up
 #      run each, medians, once per allocator setting (Note [Equal allocator settings]);
 #   3. TP all-reduce bytes of one training step, counted from cohort's timeline,
@@ -52,6 +54,8 @@ cohort_run default 1 --tp 1 --steps 1 --dump-data "$work" --save-initial "$work/
 echo "== 1. loss curve at TP 2, $steps steps, fp32"
 cohort_run default 2 --tp 2 --steps "$steps" --log-losses | grep -E '^step [0-9]+ loss' >"$work/cohort.losses"
 peer_run default 2 --tp 2 --steps "$steps" --log-losses | grep -E '^step [0-9]+ loss' >"$work/peer.losses"
+peer_run default 2 --tp 2 --steps "$steps" --log-losses --attention sdpa | grep -E '^step [0-9]+ loss' \
+  >"$work/peer-sdpa.losses"
 /usr/bin/python3 - "$work/cohort.losses" "$work/peer.losses" <<'PY'
 import sys
 read = lambda p: [float(l.split()[3]) for l in open(p)]
@@ -60,6 +64,18 @@ assert len(c) == len(p) and c, f"loss curves of {len(c)} and {len(p)} steps"
 d = [abs(a - b) for a, b in zip(c, p)]
 print(f"steps {len(c)}: cohort {c[0]:.6f} -> {c[-1]:.6f}, pytorch {p[0]:.6f} -> {p[-1]:.6f}, "
       f"largest difference {max(d):.2e} (step {d.index(max(d)) + 1})")
+PY
+/usr/bin/python3 - "$work/peer.losses" "$work/peer-sdpa.losses" <<'PY'
+import sys
+# The same model and batches in float32: SDPA's fused softmax rounds differently from
+# the explicit one by about 1e-6 a step; a wrong mask or scale moves the loss by far
+# more than 1e-4 from the first step on.
+read = lambda p: [float(l.split()[3]) for l in open(p)]
+e, f = read(sys.argv[1]), read(sys.argv[2])
+assert len(e) == len(f) and e, f"loss curves of {len(e)} and {len(f)} steps"
+d = max(abs(a - b) for a, b in zip(e, f))
+print(f"pytorch's sdpa against its explicit attention, {len(e)} steps: losses apart by at most {d:.2e}")
+sys.exit(0 if d < 1e-4 else f"compare_gpt: sdpa's losses differ from the explicit attention's by {d:.2e}")
 PY
 
 echo "== 2. tokens/s (every step's tokens over every step's time, as gpt reports it)"

@@ -19,7 +19,19 @@ whole logits are never gathered, as in cohort.
 
 Rank 0 prints "step N loss X" per step with --log-losses, and one JSON line at the
 end: tokens per second as examples/gpt reports it (all steps' tokens over all
-steps' time), and the median step time after --timing-warmup steps.
+steps' time), the median step time after --timing-warmup steps, and the timed
+tokens/s and MFU (below).
+
+On a GPU (scripts/gpu-check) it is "PyTorch eager" beside `gpt --preset gpt2-small
+--device cuda --amp bf16`: --device cuda, --amp bf16 (torch.autocast), --attention
+sdpa (F.scaled_dot_product_attention, is_causal=True: flash attention, as cohort's
+fused path) and PyTorch's default AdamW (its foreach step on CUDA). As the trainer
+(Note [Timing after a warm-up] in examples/gpt/trainer.cpp), it then reads the loss
+only at the end, synchronises the device after --timing-warmup steps and after the
+last, and gives timed_tokens_per_second over the steps between. MFU is GptImpl::
+training_flops (examples/gpt/model.cpp) at that rate over --peak-tflops per process,
+which gpu-check takes from the trainer's JSON line so both sides divide by the same
+peak; without it, mfu is null.
 """
 import argparse
 import json
@@ -36,9 +48,9 @@ import torch.nn.functional as F
 
 
 class Attention(nn.Module):
-    def __init__(self, h, heads):
+    def __init__(self, h, heads, sdpa):
         super().__init__()
-        self.heads, self.head_dim = heads, h // heads
+        self.heads, self.head_dim, self.sdpa = heads, h // heads, sdpa
         self.query, self.key, self.value, self.proj = (nn.Linear(h, h) for _ in range(4))
 
     def forward(self, x):
@@ -48,6 +60,8 @@ class Attention(nn.Module):
             return t.view(b, s, -1, self.head_dim).transpose(1, 2)
 
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        if self.sdpa:
+            return self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         future = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
         probs = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
@@ -55,9 +69,9 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, h, heads):
+    def __init__(self, h, heads, sdpa):
         super().__init__()
-        self.ln1, self.attention, self.ln2 = nn.LayerNorm(h), Attention(h, heads), nn.LayerNorm(h)
+        self.ln1, self.attention, self.ln2 = nn.LayerNorm(h), Attention(h, heads, sdpa), nn.LayerNorm(h)
         self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
 
     def forward(self, x):
@@ -68,10 +82,10 @@ class Block(nn.Module):
 class Gpt(nn.Module):
     """examples/gpt/model.h's model, parameter for parameter (dropout 0)."""
 
-    def __init__(self, vocab, context, h, heads, layers):
+    def __init__(self, vocab, context, h, heads, layers, sdpa=False):
         super().__init__()
         self.embed, self.position = nn.Embedding(vocab, h), nn.Embedding(context, h)
-        self.blocks = nn.ModuleList(Block(h, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(h, heads, sdpa) for _ in range(layers))
         self.norm = nn.LayerNorm(h)
         self.tp_mesh = None
 
@@ -116,6 +130,15 @@ def learning_rate(step, args):
     return floor + (args.lr - floor) * 0.5 * (1 + math.cos(math.pi * done))
 
 
+def training_flops(tokens, args, vocab):
+    """GptImpl::training_flops (examples/gpt/model.cpp): forward's matmuls, 2 x (12 h^2
+    per layer + v h for the logits) per token, plus attention's 2 x 2 x s x h per
+    layer; backward twice forward."""
+    h, layers, s = args.embed_dim, args.layers, args.context
+    per_token = 2.0 * (12.0 * h * h * layers + vocab * h) + 4.0 * s * h * layers
+    return 3.0 * per_token * tokens
+
+
 def batch(tokens, step, args, dp_rank, dp_size):
     """Note [The batch rule] of examples/gpt."""
     n, s, b = len(tokens), args.context, args.batch_size
@@ -142,11 +165,21 @@ def main():
     p.add_argument("--warmup-steps", type=int, default=-1, help="learning-rate warm-up (-1: a tenth of --steps)")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--log-losses", action="store_true")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--amp", choices=("none", "bf16"), default="none", help="torch.autocast's dtype")
+    p.add_argument("--attention", choices=("explicit", "sdpa"), default="explicit",
+                   help="softmax(q k^T) v with a mask, or F.scaled_dot_product_attention")
+    p.add_argument("--peak-tflops", type=float, default=0, help="the peak per process for mfu (0: no mfu)")
     args = p.parse_args()
     if args.warmup_steps < 0:
         args.warmup_steps = args.steps // 10
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", "0")) if args.device == "cuda" else None)
+    if device.type == "cuda":
+        if args.tp > 1:
+            raise SystemExit("gpt_peer: --tp > 1 runs on the CPU only (its mesh is Gloo's); use --device cpu")
+        torch.cuda.set_device(device)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world % args.tp:
@@ -155,9 +188,11 @@ def main():
 
     meta = json.load(open(os.path.join(args.data, "meta.json")))
     tokens = np.fromfile(os.path.join(args.data, "train.bin"), dtype=np.int32)
-    model = Gpt(meta["vocab_size"], args.context, args.embed_dim, args.heads, args.layers)
+    vocab = meta.get("padded_vocab_size", meta["vocab_size"])  # the tied table's rows, padding included
+    model = Gpt(vocab, args.context, args.embed_dim, args.heads, args.layers, sdpa=args.attention == "sdpa")
     state = torch.load(args.initial)
     model.load_state_dict({k: v for k, v in state.items()}, strict=True)
+    model.to(device)
 
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -176,14 +211,28 @@ def main():
 
     from torch.distributed.tensor.parallel import loss_parallel
 
-    times, all_times = [], []
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    # On a GPU the loss is read every step only with --log-losses (or DP's average),
+    # so the host does not wait for the device (examples/gpt's Note [No host read per step]).
+    read_each_step = device.type == "cpu" or args.log_losses or dp_size > 1
+    times, all_times, loss = [], [], None
+    timed_begin = synchronize() if args.timing_warmup == 0 else None
     for step in range(args.steps):
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, args)
         start = time.perf_counter()  # as examples/gpt times a step: batch, step, loss value
         x, y = batch(tokens, step, args, dp_rank, dp_size)
+        if device.type == "cuda":
+            x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        logits = net(x)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            logits = net(x)
+        if args.amp != "none":
+            logits = logits.float()  # the loss in float32, as the trainer's
         if args.tp > 1:
             with loss_parallel():
                 loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
@@ -193,6 +242,12 @@ def main():
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
             loss.backward()
         opt.step()
+        if not read_each_step:
+            elapsed = time.perf_counter() - start
+            all_times.append(elapsed)
+            if step + 1 == args.timing_warmup:
+                timed_begin = synchronize()
+            continue
         value = float(loss.detach())
         if dp_size > 1:
             t = torch.tensor([value], dtype=torch.float64)
@@ -202,13 +257,30 @@ def main():
         all_times.append(elapsed)
         if step >= args.timing_warmup:
             times.append(elapsed)
+        if step + 1 == args.timing_warmup:
+            timed_begin = synchronize()
         if rank == 0 and args.log_losses:
             print(f"step {step + 1} loss {value:.6f}", flush=True)
-    median = statistics.median(times) if times else float("nan")
+    timed_end = synchronize()
+    timed_steps = max(0, args.steps - args.timing_warmup)
+    timed_s = timed_end - timed_begin if timed_steps else None
+    timed_rate = timed_steps * args.batch_size * args.context / timed_s if timed_steps else None
+    gflops = None
+    if timed_steps:
+        gflops = training_flops(timed_steps * args.batch_size * args.context, args, vocab) / timed_s / 1e9
+    peak_tflops = args.peak_tflops * world
+    median = statistics.median(times) if times else None
     if rank == 0:
         print(json.dumps({"peer": "pytorch", "torch": torch.__version__, "tp": args.tp, "dp": dp_size,
+                          "device": str(device), "amp": args.amp, "attention": args.attention,
+                          "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
+                          "train_loss": float(loss.detach()),
                           "steps_timed": len(times), "median_step_s": median,
-                          "median_tokens_per_second": args.batch_size * args.context / median,
+                          "median_tokens_per_second": args.batch_size * args.context / median if median else None,
+                          "timing_warmup": args.timing_warmup, "timed_steps": timed_steps, "timed_seconds": timed_s,
+                          "timed_tokens_per_second": timed_rate, "gflops": gflops,
+                          "peak_tflops": peak_tflops or None,
+                          "mfu": gflops / (peak_tflops * 1e3) if peak_tflops and gflops else None,
                           # examples/gpt's definition: every step's tokens over every step's time
                           "tokens_per_second": args.steps * args.batch_size * args.context / sum(all_times)}),
               flush=True)

@@ -98,6 +98,14 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--stop-after", o.stop_after,
                  "Save a checkpoint after this step and exit, as an interrupted run would (needs --checkpoint-dir)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--timing-warmup", o.timing_warmup,
+                 "Leave the first N steps out of tokens_per_second and mfu: the device is synchronised after step N "
+                 "and after the last, and the steps between are timed (0: every step, each timed on the host)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "The peak per process that mfu divides by, in TFLOP/s (0: measured on the CPU; on a GPU the "
+                 "device's dense bf16 peak from its datasheet, by name; docs/gpt.md)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--log-interval", o.log_interval_s, "Seconds between progress lines")
       ->check(CLI::Range(0.0, 3600.0));
   try {
@@ -145,6 +153,9 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   if (o.stop_after > 0 && o.checkpoint_dir.empty())
     refuse("--stop-after " + n(o.stop_after) +
            " saves a checkpoint to resume from, and there is no --checkpoint-dir; give one");
+  if (o.timing_warmup >= o.steps)
+    refuse("--timing-warmup " + n(o.timing_warmup) + " leaves none of the " + n(o.steps) +
+           " --steps to time; make it smaller than --steps");
   if (o.microbatches == 0) o.microbatches = o.pp;
   if (o.warmup_steps < 0) o.warmup_steps = o.steps / 10;
   return o;

@@ -56,6 +56,9 @@ struct GptTrainerOptions {
   std::int64_t checkpoint_every = 100;  // steps; 0: only the last (and --stop-after's)
   std::int64_t stop_after = 0;          // >0: save and exit after this step (for tests)
   double log_interval_s = 10.0;  // seconds between progress lines
+  // Throughput and MFU (performance.h).
+  std::int64_t timing_warmup = 0;  // first steps left out of tokens/s and mfu
+  double peak_tflops = 0;          // > 0: the peak per process for mfu, instead of the measured or the table's
 };
 
 // Parses argv. Returns nullopt after printing help. On a bad flag, prints what is

@@ -212,7 +212,7 @@ int train(const GptTrainerOptions& o) {
   GptPipeline* const pipe = strategy->pipeline();
   auto optimizer = make_optimizer(o, *strategy, mesh);
   autocast(o.amp, device);  // refuses what autocast cannot do here, at start rather than mid-step
-  const double peak_gflops = measure_peak_gflops(world, device);
+  const Peak peak = find_peak(world, device, o.peak_tflops);
   // Weights, AdamW's state and the generators; the step gives the batches and the
   // learning rate (Note [The batch rule]).
   std::int64_t start = 0;
@@ -247,6 +247,21 @@ int train(const GptTrainerOptions& o) {
     }
   };
   run_eval(start);
+  // Note [Timing after a warm-up]
+  // The first steps on a GPU pay for cuBLAS's and the allocator's setup and the
+  // kernels' first launches, and the host runs ahead of the device (no host read per
+  // step), so host time per step says little there. With --timing-warmup N the
+  // device is synchronised after step N and after the last step, and the wall time
+  // between is what tokens/s and MFU are measured over, as benchmarks/gpt_peer.py
+  // does on its side. Whatever else the loop does in that window (an evaluation
+  // with --eval-every, a checkpoint) counts too: benchmarks leave both off.
+  const std::int64_t timed_from = std::max(start, o.timing_warmup);
+  auto synchronized_now = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    return Clock::now();
+  };
+  Clock::time_point timed_begin, timed_end;
+  if (o.timing_warmup > 0 && timed_from == start) timed_begin = synchronized_now();
   auto last_line = Clock::now();
   for (std::int64_t s = start; s < o.steps; ++s) {
     cohort::trace::step(timeline.get(), s + 1);
@@ -283,6 +298,8 @@ int train(const GptTrainerOptions& o) {
     last_mean = mean;
     train_s += std::chrono::duration<double>(Clock::now() - t0).count();
     const std::int64_t step = s + 1;
+    if (o.timing_warmup > 0 && step == timed_from) timed_begin = synchronized_now();
+    if (o.timing_warmup > 0 && step == o.steps) timed_end = synchronized_now();
     if (lead && o.log_losses) read_loss();
     if (lead && o.log_losses) {
       std::cout << fmt::format("step {} loss {:.6f}", step, last_loss);
@@ -316,7 +333,15 @@ int train(const GptTrainerOptions& o) {
     for (std::size_t i = 0; i < texts.size(); ++i) std::cout << fmt::format("sample {}: {}", i + 1, texts[i]) << std::endl;
     const std::int64_t trained = (o.steps - std::min(start, o.steps)) * tokens_per_step;  // by this run
     const double tokens_per_second = static_cast<double>(trained) / std::max(train_s, 1e-9);
-    const double flops = strategy->gpt().training_flops(trained, o.context) / std::max(train_s, 1e-9);
+    // Note [Timing after a warm-up]: MFU over the timed steps when there is a warm-up.
+    const std::int64_t timed_steps = o.timing_warmup > 0 ? o.steps - timed_from : 0;
+    const double timed_s = timed_steps > 0 ? std::chrono::duration<double>(timed_end - timed_begin).count() : 0;
+    const double timed_tokens_per_second =
+        timed_steps > 0 ? static_cast<double>(timed_steps * tokens_per_step) / std::max(timed_s, 1e-9) : 0;
+    const auto& net = strategy->gpt();
+    const double flops = timed_steps > 0
+                             ? net.training_flops(timed_steps * tokens_per_step, o.context) / std::max(timed_s, 1e-9)
+                             : net.training_flops(trained, o.context) / std::max(train_s, 1e-9);
     nlohmann::json curve_json = nlohmann::json::array();
     for (const auto& [step, loss] : curve) curve_json.push_back({{"step", step}, {"val_loss", loss}});
     nlohmann::json summary = {
@@ -326,6 +351,11 @@ int train(const GptTrainerOptions& o) {
         {"train_loss", last_loss},
         {"tokens_per_second", tokens_per_second},
         {"train_seconds", train_s},
+        {"timing_warmup", o.timing_warmup},
+        {"timed_steps", timed_steps},
+        {"timed_seconds", timed_s},
+        {"timed_tokens_per_second",
+         timed_steps > 0 ? nlohmann::json(timed_tokens_per_second) : nlohmann::json(nullptr)},
         {"wall_seconds", std::chrono::duration<double>(Clock::now() - started).count()},
         {"world_size", world.size()},
         {"dp", dp},
@@ -353,7 +383,7 @@ int train(const GptTrainerOptions& o) {
         {"val_curve", curve_json},
         {"samples", texts.size()},
     };
-    summary.update(utilisation(flops, peak_gflops));
+    summary.update(utilisation(flops, peak));
     std::cout << summary.dump() << std::endl;
   }
   return 0;

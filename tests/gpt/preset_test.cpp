@@ -2,7 +2,8 @@
 // the values it sets, explicit flags over it (Note [A preset under explicit flags]),
 // the vocabulary's padding (Note [The padding is never a token]), and GPT-2 small's
 // parameter count with its tied embedding, built in one rank and stepped once at a
-// short context (no training at that size on the CPU).
+// short context (no training at that size on the CPU); and the MFU's flags beside it
+// (--peak-tflops, --timing-warmup).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -135,6 +136,23 @@ TEST(GptPreset, Gpt2SmallHasGpt2sParameterCountAndStepsOnce) {
     loss.backward();
     EXPECT_GT(model->embed->weight.grad().slice(0, 0, 50257).abs().sum().item<double>(), 0.0);
   });
+}
+
+// The MFU's flags (examples/gpt/performance.h): the peak to divide by, and the steps
+// left out of the timing, refused when they leave none.
+TEST(GptFlags, PeakTflopsAndTimingWarmupRefuseWhatCannotBeMeasured) {
+  EXPECT_DOUBLE_EQ(parse({}).peak_tflops, 0.0);
+  EXPECT_EQ(parse({}).timing_warmup, 0);
+  const auto o = parse({"--peak-tflops", "500", "--timing-warmup", "3", "--steps", "10"});
+  EXPECT_DOUBLE_EQ(o.peak_tflops, 500.0);
+  EXPECT_EQ(o.timing_warmup, 3);
+  EXPECT_THROW(parse({"--peak-tflops", "-1"}), cohort::ConfigError);
+  try {
+    parse({"--timing-warmup", "10", "--steps", "10"});
+    FAIL() << "a warm-up of every step was accepted";
+  } catch (const cohort::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--timing-warmup 10"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

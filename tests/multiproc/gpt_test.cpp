@@ -63,6 +63,22 @@ TEST(GptTrainer, TensorParallelTrainsAndSamples) {
   EXPECT_TRUE(j.at("mfu").is_number()) << r.out;
 }
 
+// --timing-warmup leaves its steps out of the timing (Note [Timing after a warm-up])
+// and --peak-tflops is the peak per process the MFU divides by, over the whole world.
+TEST(GptTrainer, MfuIsOverTheTimedStepsAndTheGivenPeak) {
+  cohort::testing::TempDir cache("cohort-gpt-test");
+  auto args = kTiny;
+  args.insert(args.end(), {"--timing-warmup", "10", "--peak-tflops", "0.001"});
+  const auto r = run_gpt(cache.path, args);
+  expect_trained(r);
+  const auto j = summary(r.out);
+  EXPECT_EQ(j.at("timed_steps").get<int>(), 30);
+  EXPECT_GT(j.at("timed_tokens_per_second").get<double>(), 0);
+  EXPECT_EQ(j.at("peak_source").get<std::string>(), "--peak-tflops");
+  EXPECT_DOUBLE_EQ(j.at("peak_tflops").get<double>(), 0.002);  // 2 processes
+  EXPECT_NEAR(j.at("mfu").get<double>(), j.at("gflops").get<double>() / 2.0, 1e-12) << r.out;
+}
+
 TEST(GptTrainer, SequenceParallelWithBf16AndRecompute) {
   cohort::testing::TempDir cache("cohort-gpt-test");
   auto args = kTiny;
