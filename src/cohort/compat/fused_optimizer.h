@@ -23,30 +23,13 @@ inline bool fused_optimizer_supports(const at::Device& device, at::ScalarType dt
 // keeps the step as a host integer in its parameter state, which is what its state
 // dicts hold, so the caller passes one scalar tensor of that count for every
 // parameter of a list that shares it: no state beyond torch::optim's.
-inline void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
-                        double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool decoupled) {
-  if (decoupled)
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, weight_decay, eps,
-                      amsgrad, /*maximize=*/false);
-  else
-    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, weight_decay, eps,
-                     amsgrad, /*maximize=*/false);
-}
-
-inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                       double weight_decay, double momentum, double lr, double dampening, bool nesterov,
-                       bool first_step) {
-  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
-                  /*maximize=*/false, first_step);
-}
-
-// The same kernels with the learning rate read from a 0-dim tensor on the device
-// (Note [A step inside a CUDA graph] in optim/capturable.h).
+// `lr` is a double, or (Note [A step inside a CUDA graph] in optim/capturable.h) a
+// 0-dim tensor on the parameters' device, which the kernels read when they run.
+template <class Lr>
 inline void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
-                        const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
-                        bool amsgrad, bool decoupled) {
+                        const Lr& lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
+                        bool decoupled) {
   if (decoupled)
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, weight_decay, eps,
                       amsgrad, /*maximize=*/false);
@@ -55,8 +38,9 @@ inline void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorL
                      amsgrad, /*maximize=*/false);
 }
 
+template <class Lr>
 inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                       double weight_decay, double momentum, const at::Tensor& lr, double dampening, bool nesterov,
+                       double weight_decay, double momentum, const Lr& lr, double dampening, bool nesterov,
                        bool first_step) {
   at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
                   /*maximize=*/false, first_step);
@@ -64,19 +48,13 @@ inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorLi
 #else
 inline constexpr bool kHasFusedOptimizers = false;
 inline bool fused_optimizer_supports(const at::Device&, at::ScalarType) { return false; }
+template <class Lr>
 inline void fused_adam_(at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                        at::TensorList, double, double, double, double, double, bool, bool) {
+                        at::TensorList, const Lr&, double, double, double, double, bool, bool) {
   TORCH_CHECK(false, "cohort: this LibTorch has no fused optimizer kernels (LibTorch 2.4 or newer has them)");
 }
-inline void fused_sgd_(at::TensorList, at::TensorList, at::TensorList, double, double, double, double, bool, bool) {
-  TORCH_CHECK(false, "cohort: this LibTorch has no fused optimizer kernels (LibTorch 2.4 or newer has them)");
-}
-inline void fused_adam_(at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                        at::TensorList, const at::Tensor&, double, double, double, double, bool, bool) {
-  TORCH_CHECK(false, "cohort: this LibTorch has no fused optimizer kernels (LibTorch 2.4 or newer has them)");
-}
-inline void fused_sgd_(at::TensorList, at::TensorList, at::TensorList, double, double, const at::Tensor&, double, bool,
-                       bool) {
+template <class Lr>
+inline void fused_sgd_(at::TensorList, at::TensorList, at::TensorList, double, double, const Lr&, double, bool, bool) {
   TORCH_CHECK(false, "cohort: this LibTorch has no fused optimizer kernels (LibTorch 2.4 or newer has them)");
 }
 #endif

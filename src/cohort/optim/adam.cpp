@@ -180,17 +180,12 @@ at::Tensor Adam::step(LossClosure closure) {
   return adam_step<torch::optim::AdamParamState>(*this, closure, kernel_, "Adam", adam_hyper, device_);
 }
 Adam& Adam::capturable(bool on) {
-  if (on) require_capturable(kernel_, "Adam");
-  device_.on = on;
-  if (!on) reset_device_state();
+  set_capturable(device_, on, kernel_, "Adam");
   return *this;
 }
 void Adam::load_learning_rates() { optim::load_learning_rates(*this, device_); }
 void Adam::count_steps(int delta) { add_to_counts<torch::optim::AdamParamState>(*this, delta); }
-void Adam::reset_device_state() {
-  device_.lrs.clear();
-  device_.steps.clear();
-}
+void Adam::reset_device_state() { device_ = DeviceStepState{device_.on}; }
 
 AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults,
              StepKernel kernel)
@@ -201,16 +196,11 @@ at::Tensor AdamW::step(LossClosure closure) {
   return adam_step<torch::optim::AdamWParamState>(*this, closure, kernel_, "AdamW", adamw_hyper, device_);
 }
 AdamW& AdamW::capturable(bool on) {
-  if (on) require_capturable(kernel_, "AdamW");
-  device_.on = on;
-  if (!on) reset_device_state();
+  set_capturable(device_, on, kernel_, "AdamW");
   return *this;
 }
 void AdamW::load_learning_rates() { optim::load_learning_rates(*this, device_); }
 void AdamW::count_steps(int delta) { add_to_counts<torch::optim::AdamWParamState>(*this, delta); }
-void AdamW::reset_device_state() {
-  device_.lrs.clear();
-  device_.steps.clear();
-}
+void AdamW::reset_device_state() { device_ = DeviceStepState{device_.on}; }
 
 }  // namespace cohort::optim

@@ -113,9 +113,7 @@ at::Tensor SGD::step(LossClosure closure) {
 }
 
 SGD& SGD::capturable(bool on) {
-  if (on) require_capturable(kernel_, "SGD");
-  device_.on = on;
-  if (!on) reset_device_state();
+  set_capturable(device_, on, kernel_, "SGD");
   return *this;
 }
 

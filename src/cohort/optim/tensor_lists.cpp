@@ -70,6 +70,11 @@ void require_capturable(StepKernel wanted, const std::string& who) {
                       to_string(wanted) + "; fix: use StepKernel::fused or StepKernel::automatic");
 }
 
+void set_capturable(DeviceStepState& state, bool on, StepKernel wanted, const std::string& who) {
+  if (on) require_capturable(wanted, who);
+  state = DeviceStepState{on};
+}
+
 void load_learning_rates(torch::optim::Optimizer& optimizer, DeviceStepState& state) {
   auto& groups = optimizer.param_groups();
   state.lrs.resize(groups.size());

@@ -44,6 +44,8 @@ struct DeviceStepState;
 // Throws ConfigError unless `wanted` can run capturable here: fused or automatic, on
 // a LibTorch with fused kernels.
 void require_capturable(StepKernel wanted, const std::string& who);
+// Turns capturable on (after require_capturable) or off (forgetting the device state).
+void set_capturable(DeviceStepState& state, bool on, StepKernel wanted, const std::string& who);
 // Writes every group's learning rate into state.lrs (one 0-dim float tensor per
 // group, on its first parameter's device).
 void load_learning_rates(torch::optim::Optimizer& optimizer, DeviceStepState& state);
