@@ -19,7 +19,7 @@ cohort::optim::Capturable& capturable_of(torch::optim::Optimizer& optimizer) {
 }  // namespace
 
 GraphedStep::GraphedStep(Strategy& strategy, torch::optim::Optimizer& optimizer, MixedPrecision& precision,
-                         c10::Device device)
+                         c10::Device device, c10::Stream stream)
     : strategy_(strategy),
       optimizer_(optimizer),
       precision_(precision),
@@ -34,7 +34,7 @@ GraphedStep::GraphedStep(Strategy& strategy, torch::optim::Optimizer& optimizer,
             precision_.step(optimizer_);
             return loss;
           },
-          cohort::cuda_graphs::CapturedStepOptions(device)) {
+          cohort::cuda_graphs::CapturedStepOptions(device).stream(stream)) {
   auto* ddp = strategy.ddp();
   if (!ddp)
     throw cohort::ConfigError("--cuda-graphs captures plain DDP's step; this strategy has no DDP (use --zero 0, "

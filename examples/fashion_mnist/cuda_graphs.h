@@ -27,7 +27,9 @@ namespace fashion_mnist {
 class GraphedStep {
  public:
   // Throws ConfigError where the step cannot be captured, with the fix.
-  GraphedStep(Strategy& strategy, torch::optim::Optimizer& optimizer, MixedPrecision& precision, c10::Device device);
+  // `stream`: the capture stream the strategy's DDP was built on (capture_stream).
+  GraphedStep(Strategy& strategy, torch::optim::Optimizer& optimizer, MixedPrecision& precision, c10::Device device,
+              c10::Stream stream);
   // One training step on this batch; returns its loss on the device, valid until the
   // next step. Every batch must have the first one's shape.
   at::Tensor step(const at::Tensor& data, const at::Tensor& target, cohort::trace::StepProfiler& profiler);

@@ -1,6 +1,7 @@
 #include "trainer.h"
 
 #include <ATen/Context.h>
+#include <c10/core/StreamGuard.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
 // GCC 12 at -O1 warns that LibTorch 2.11's data loader may move an uninitialized
@@ -115,15 +116,30 @@ int train(const TrainerOptions& o) {
 
   // Every rank builds the same initial weights from the seed; DDP checks that and
   // broadcasts rank 0's anyway.
-  auto strategy = o.pipeline_stages > 1         ? make_pipeline(o, world, device)
-                  : o.data_parallel_replicas > 1 ? make_replicas(o, world, device)
-                  : o.zero == 2                  ? make_sharded_gradients(o, world, device)
-                  : o.zero == 3                  ? make_fully_sharded(o, world, device)
-                                                 : make_data_parallel(o, world, device);
+  // --cuda-graphs: DDP is built on the stream its step is captured on (Note
+  // [Gradient accumulators on the capture stream] in cuda_graphs/captured_step.h),
+  // and that stream is waited for before anything else reads what it wrote.
+  std::optional<c10::Stream> graph_stream;
+  if (o.cuda_graphs) graph_stream = cohort::cuda_graphs::capture_stream(device);
+  auto make_strategy = [&] {
+    return o.pipeline_stages > 1         ? make_pipeline(o, world, device)
+           : o.data_parallel_replicas > 1 ? make_replicas(o, world, device)
+           : o.zero == 2                  ? make_sharded_gradients(o, world, device)
+           : o.zero == 3                  ? make_fully_sharded(o, world, device)
+                                          : make_data_parallel(o, world, device);
+  };
+  std::unique_ptr<Strategy> strategy;
+  if (graph_stream) {
+    c10::StreamGuard on_graph_stream(*graph_stream);
+    strategy = make_strategy();
+  } else {
+    strategy = make_strategy();
+  }
+  if (graph_stream) graph_stream->synchronize();
   auto optimizer = make_optimizer(o, *strategy, world);
   MixedPrecision precision(o, device, world.group());
   std::unique_ptr<GraphedStep> graphed;  // --cuda-graphs
-  if (o.cuda_graphs) graphed = std::make_unique<GraphedStep>(*strategy, *optimizer, precision, device);
+  if (graph_stream) graphed = std::make_unique<GraphedStep>(*strategy, *optimizer, precision, device, *graph_stream);
   // A captured step replays one batch shape (Note [Short last batch]).
   const std::int64_t min_rows = graphed ? o.batch_size : strategy->min_batch_rows();
   // The data is sharded over the data-parallel replicas: every stage of one pipeline

@@ -7,14 +7,19 @@
 //   cohort::optim::AdamW opt(ddp.module()->parameters(), options);
 //   opt.capturable(true);                        // Note [A step inside a CUDA graph]
 //   auto x = torch::empty({B, 1, 28, 28}, cuda), y = torch::empty({B}, cuda.dtype(torch::kLong));
+//   // DDP built on the capture stream (Note [Gradient accumulators on the capture stream]):
+//   auto stream = cohort::cuda_graphs::capture_stream(cuda);
+//   std::optional<cohort::ddp::DistributedDataParallel<Net>> ddp;
+//   { c10::StreamGuard on(stream); ddp.emplace(model, world.group()); }
+//   stream.synchronize();                        // its broadcast done before others read
 //   cohort::cuda_graphs::CapturedStep step([&] {  // reads x and y, returns the loss
 //     opt.zero_grad();
-//     auto loss = torch::nn::functional::cross_entropy(ddp(x), y);
+//     auto loss = torch::nn::functional::cross_entropy((*ddp)(x), y);
 //     loss.backward();
 //     opt.step();
 //     return loss.detach();
-//   }, cohort::cuda_graphs::CapturedStepOptions(cuda));
-//   step.use(ddp).use(opt);
+//   }, cohort::cuda_graphs::CapturedStepOptions(cuda).stream(stream));
+//   step.use(*ddp).use(opt);
 //   for (auto& batch : loader) {
 //     x.copy_(batch.data, /*non_blocking=*/true);  // same shapes every step
 //     y.copy_(batch.target, true);
@@ -46,11 +51,14 @@
 // Not yet run on a GPU (docs/gpu_results.md keeps the list).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +72,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #endif
 
 namespace cohort::cuda_graphs {
@@ -72,6 +82,9 @@ struct CapturedStepOptions {
   explicit CapturedStepOptions(c10::Device device) : device_(device) {}
   // The CUDA device the step runs on.
   TORCH_ARG(c10::Device, device);
+  // The stream the warm-up and the capture run on, and on which DDP must have been
+  // built (Note [Gradient accumulators on the capture stream]); capture_stream().
+  TORCH_ARG(std::optional<c10::Stream>, stream) = std::nullopt;
   // Eager steps before the capture: at least 2 with DDP (its bucket rebuild, at the
   // second forward, must come first), and 1 for the optimizer's state.
   TORCH_ARG(int, warmup_steps) = 3;
@@ -106,6 +119,12 @@ inline std::string why_not_capturable(ddp::DistributedDataParallelBase& ddp) {
   if (o.broadcast_buffers() && !ddp.wrapped().buffers().empty())
     return "it broadcasts the module's buffers before each forward, a collective the host waits for; fix: "
            "DistributedDataParallelOptions().broadcast_buffers(false)";
+  for (const char* name : {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}) {
+    const char* v = std::getenv(name);
+    if (v && std::string(v) != "0" && !std::string(v).empty())
+      return std::string(name) + "=" + v + " makes NCCL's wait poll its event on the host, which a capture forbids; "
+             "fix: unset it (NCCL's watchdog still bounds each collective by the group's timeout)";
+  }
   if (!ddp.reducer().rebuilt())
     return "its buckets are not rebuilt yet (the rebuild, at the second step's forward, reads the host: Note "
            "[Rebuilding buckets]); fix: run at least two steps eagerly first (CapturedStepOptions::warmup_steps)";
@@ -114,6 +133,19 @@ inline std::string why_not_capturable(ddp::DistributedDataParallelBase& ddp) {
     return "its group runs " + backend + ", and only NCCL's collectives can be captured into a CUDA graph; fix: use "
            "the nccl backend (cohort run --backend nccl)";
   return "";
+}
+
+// A stream of `device` for CapturedStepOptions::stream: build DDP under a
+// c10::StreamGuard of it. Throws ConfigError where there is no CUDA.
+inline c10::Stream capture_stream(const c10::Device& device) {
+  const auto why = why_no_cuda_graphs(device);
+  if (!why.empty()) throw ConfigError("cohort capture_stream: " + why);
+#ifdef COHORT_HAVE_NCCL
+  const auto index = device.index() < 0 ? c10::cuda::current_device() : device.index();
+  return c10::cuda::getStreamFromPool(false, index).unwrap();
+#else
+  return c10::Stream(c10::Stream::DEFAULT, device);  // unreachable: refused above
+#endif
 }
 
 class CapturedStep {
@@ -125,12 +157,21 @@ class CapturedStep {
     if (options_.warmup_steps() < 1)
       throw ConfigError("cohort CapturedStep: warmup_steps(" + std::to_string(options_.warmup_steps()) +
                         ") must be at least 1 (2 with DDP): the first step must run eagerly");
+#ifdef COHORT_HAVE_NCCL
+    const auto stream = options_.stream() ? *options_.stream() : capture_stream(options_.device());
+    if (stream.device_type() != c10::kCUDA)
+      throw ConfigError("cohort CapturedStep: the stream given is on " + stream.device().str() + ", not CUDA");
+    side_ = std::make_unique<c10::cuda::CUDAStream>(stream);
+#endif
   }
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;
 
   // The DDP the step runs through: captured under its capture() guard.
   CapturedStep& use(ddp::DistributedDataParallelBase& ddp) {
+#ifdef COHORT_HAVE_NCCL
+    check_accumulators(ddp.reducer().parameters());
+#endif
     ddps_.push_back(&ddp);
     return *this;
   }
@@ -146,6 +187,9 @@ class CapturedStep {
   // One training step; returns what the step returned (the loss), valid until the
   // next run(). Note [One graph for the whole step].
   at::Tensor run() {
+    if (failed_)
+      throw ConfigError("cohort CapturedStep: an earlier capture failed part-way, which leaves DDP's step open "
+                        "(its collectives were recorded, never run); stop the process, or make DDP and the step anew");
     for (auto* o : optimizers_) o->load_learning_rates();
 #ifdef COHORT_HAVE_NCCL
     if (!graph_ && steps_ < options_.warmup_steps()) {
@@ -174,11 +218,32 @@ class CapturedStep {
  private:
 #ifdef COHORT_HAVE_NCCL
   // Runs `fn` on the side stream, ordered after and before the caller's stream.
+  // Note [Gradient accumulators on the capture stream]
+  // A parameter's AccumulateGrad node runs on the stream that was current when the
+  // node was made (its input metadata keeps it, and autograd offers no way to change
+  // it), and DDP's reducer holds its parameters' nodes, made when DDP was built. Made
+  // on another stream than the capture's, backward would accumulate (and DDP's hooks
+  // copy and reduce) on a stream the capture does not record, and the capture would
+  // fail. So DDP must be built under a guard of the capture stream, and use(ddp)
+  // checks that it was, naming the fix.
+  void check_accumulators(const std::vector<at::Tensor>& params) const {
+    for (const auto& p : params) {
+      auto node = torch::autograd::impl::grad_accumulator(p);
+      if (!node || node->num_inputs() != 1) continue;
+      const auto stream = node->input_metadata(0).stream();
+      if (stream != side_->unwrap())
+        throw ConfigError("cohort CapturedStep: DDP was built on " + c10::str(stream) + ", but the step is captured "
+                          "on " + c10::str(side_->unwrap()) + ", and DDP's gradient accumulators run on the stream "
+                          "it was built on (Note [Gradient accumulators on the capture stream]); fix: make the stream "
+                          "first (auto s = cohort::cuda_graphs::capture_stream(device)), build DDP under "
+                          "c10::StreamGuard guard(s), and pass CapturedStepOptions(device).stream(s)");
+    }
+  }
+
   template <class Fn>
   at::Tensor on_side_stream(Fn&& fn) {
-    const auto index = options_.device().index() < 0 ? c10::cuda::current_device() : options_.device().index();
+    const auto index = side_->device_index();
     auto caller = c10::cuda::getCurrentCUDAStream(index);
-    if (!side_) side_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, index));
     at::cuda::CUDAEvent inputs_ready;
     inputs_ready.record(caller);
     inputs_ready.block(*side_);
@@ -212,6 +277,7 @@ class CapturedStep {
       try {
         out = step_();
       } catch (...) {
+        failed_ = true;
         try {
           graph->capture_end();
         } catch (...) {
@@ -235,6 +301,7 @@ class CapturedStep {
   std::vector<optim::Capturable*> optimizers_;
   at::Tensor output_;
   std::int64_t steps_ = 0;
+  bool failed_ = false;  // a capture threw part-way
 };
 
 }  // namespace cohort::cuda_graphs
