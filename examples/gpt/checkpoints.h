@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "cohort/checkpoint/checkpointer.h"
 #include "cohort/comm/world.h"
@@ -33,6 +34,12 @@ class Checkpoints {
 
   // Collective. Saves the state after `step` steps.
   void save(Strategy& strategy, const torch::optim::Optimizer& optimizer, std::int64_t step, c10::Device device);
+  // With --checkpoint-async: rank 0's log line for a write that failed (the next
+  // save or finish() raises it), or nothing.
+  std::optional<std::string> write_failure() const { return checkpointer_.write_failure(); }
+  // Collective: returns once no checkpoint is being written; throws if the last
+  // asynchronous write failed. Before the trainer reports success.
+  void finish(c10::Device device) { checkpointer_.wait(device); }
 
  private:
   GptTrainerOptions options_;

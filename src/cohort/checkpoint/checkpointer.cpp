@@ -16,7 +16,9 @@
 #include <filesystem>
 #include <iostream>
 
+#include "cohort/checkpoint/async_save_internal.h"
 #include "cohort/checkpoint/atomic_file.h"
+#include "cohort/checkpoint/checkpointer_internal.h"
 #include "cohort/checkpoint/manifest.h"
 #include "cohort/errors.h"
 
@@ -44,6 +46,51 @@ Checkpointer::Checkpointer(std::string directory, comm::Group group, Checkpointe
   if (options_.keep_last() < 1) {
     throw ConfigError(fmt::format("CheckpointerOptions::keep_last is {}; it must be at least 1",
                                   options_.keep_last()));
+  }
+  if (options_.asynchronous() && options_.shard_optimizer_state()) {
+    throw ConfigError("CheckpointerOptions: asynchronous(true) with shard_optimizer_state(true) is not supported "
+                      "yet: every rank writes its own shard, and the commit waits for all of them. Leave "
+                      "shard_optimizer_state off (the state is gathered to rank 0, which writes it "
+                      "asynchronously), or save synchronously");
+  }
+  if (options_.asynchronous()) async_ = std::make_unique<AsyncSave>();
+}
+
+Checkpointer::~Checkpointer() {
+  if (!async_) return;
+  async_->settle();
+  if (auto failure = async_->take_failure()) warn(*failure + " (reported when the checkpointer was destroyed)");
+}
+
+// The writer thread holds `this`: a move waits for it first.
+Checkpointer::Checkpointer(Checkpointer&& other) noexcept
+    : directory_(std::move(other.directory_)),
+      group_(std::move(other.group_)),
+      options_(std::move(other.options_)),
+      async_((other.settle_writes(), std::move(other.async_))) {}
+
+void Checkpointer::settle_writes() const {
+  if (async_) async_->settle();
+}
+
+std::optional<std::string> Checkpointer::write_failure() const {
+  return async_ ? async_->failure() : std::nullopt;
+}
+
+AsyncStats Checkpointer::async_stats() const {
+  return async_ ? async_->stats() : AsyncStats{};
+}
+
+void Checkpointer::wait(c10::Device device) {
+  if (!async_) return;
+  std::string failure;
+  if (group_.rank() == 0) {
+    async_->settle();
+    failure = async_->take_failure().value_or("");
+  }
+  if (any_rank(group_, !failure.empty(), device)) {
+    throw Error(group_.rank() == 0 ? failure
+                                   : "rank 0's asynchronous write of a checkpoint failed; its log says why");
   }
 }
 
@@ -97,6 +144,7 @@ void Checkpointer::write(const std::string& final_path, const std::vector<std::s
                          const std::vector<std::string>& contents) const {
   const std::string temp = make_temp_directory(final_path);
   for (std::size_t i = 0; i < files.size(); ++i) write_file_durably(temp + "/" + files[i], contents[i]);
+  if (options_.before_manifest()) options_.before_manifest()(temp);
   // The manifest last: a directory with a manifest has every file it lists.
   write_file_durably(temp + "/" + kManifestName,
                      manifest_json(*step_of(fs::path(final_path).filename().string()), files, contents));

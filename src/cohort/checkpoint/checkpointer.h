@@ -33,6 +33,10 @@
 // replace]), so a `step-*` directory is always complete. The manifest's checksums
 // catch what atomicity cannot: a file damaged later (a bad disk, a truncating copy).
 // Loading checks them and falls back to the next older checkpoint, with a warning.
+//
+// With asynchronous(true), save() pays only for a copy of the state into host memory
+// and returns; a writer thread serialises, checksums, fsyncs and installs the
+// directory as above (Note [Asynchronous checkpoints] in async_save_internal.h).
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -40,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,6 +55,27 @@
 #include "cohort/data/distributed_sampler.h"
 
 namespace cohort::checkpoint {
+
+class AsyncSave;  // the writer thread of asynchronous saves (async_save_internal.h)
+
+// What an asynchronous save() does while the previous checkpoint is still being
+// written (at most one is in flight).
+enum class WhenBusy {
+  kWait,  // wait for it, then copy and start this one: no checkpoint is lost
+  kSkip,  // skip this one with a warning (on rank 0); training never waits for the disk
+};
+
+// What an asynchronous checkpointer has done, on rank 0 (the writer); zeros elsewhere.
+struct AsyncStats {
+  std::int64_t started = 0;     // saves handed to the writer thread
+  std::int64_t written = 0;     // of those, installed as step-N
+  std::int64_t failed = 0;      // of those, not written (reported at the next save or wait)
+  std::int64_t skipped = 0;     // saves skipped under WhenBusy::kSkip
+  std::int64_t host_bytes = 0;  // host memory held for the copies, reused between saves
+  std::int64_t host_allocations = 0;  // host buffers allocated so far, all saves together
+  double last_blocked_s = 0;    // how long the last save() held the caller, on rank 0
+  double last_write_s = 0;      // how long the writer took for the last finished write
+};
 
 struct CheckpointerOptions {
   // How many checkpoints to keep; older ones are removed after each save.
@@ -68,6 +94,17 @@ struct CheckpointerOptions {
   // at any TP and DP size (Note [Checkpoints hold whole tensors]). Give it when
   // loading too. Not with a ZeRO optimizer (refused with a ConfigError).
   TORCH_ARG(SplitsOf, split_parameters) = nullptr;
+  // save() copies the state into host memory (pinned for CUDA tensors, into buffers
+  // reused from one save to the next) and returns; a writer thread on rank 0 writes
+  // the checkpoint. A failed write is reported on every rank by the next save() or
+  // wait(); call wait() before the end of training (Note [Asynchronous checkpoints]).
+  // Not with shard_optimizer_state (refused with a ConfigError).
+  TORCH_ARG(bool, asynchronous) = false;
+  // With asynchronous(true): what a save() does while the previous one is in flight.
+  TORCH_ARG(WhenBusy, when_busy) = WhenBusy::kWait;
+  // For tests: called by the writer thread with the temporary directory once its
+  // files are written, before the manifest; what it throws fails that write.
+  TORCH_ARG(std::function<void(const std::string&)>, before_manifest) = nullptr;
 };
 
 struct TrainingProgress {
@@ -89,12 +126,19 @@ struct Restored {
 class Checkpointer {
  public:
   Checkpointer(std::string directory, comm::Group group, CheckpointerOptions options = {});
+  // Waits for a write in flight (a failure not yet reported is warned about).
+  ~Checkpointer();
+  Checkpointer(Checkpointer&&) noexcept;
+  Checkpointer& operator=(Checkpointer&&) = delete;
 
   // Collective. Rank 0 writes the checkpoint of `progress.step` and removes the ones
   // beyond keep_last; every rank returns the directory's path, or every rank throws if
   // rank 0 could not write it. A step older than the newest checkpoint on disk is
   // refused on every rank with a cohort::ConfigError, and nothing on disk changes
   // (Note [Never older than the newest]); saving the newest step again replaces it.
+  // Asynchronous: returns once the state is copied, with the path the writer will
+  // install; an empty string when WhenBusy::kSkip skipped it. It first throws on
+  // every rank if the previous asynchronous write failed.
   std::string save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                    const TrainingProgress& progress, c10::Device device);
 
@@ -111,6 +155,15 @@ class Checkpointer {
   std::optional<Restored> load_latest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                       c10::Device device, std::optional<std::int64_t> at_most = std::nullopt);
 
+  // Collective. Returns once no write is in flight; throws on every rank if the last
+  // asynchronous write failed. Nothing to do for a synchronous checkpointer.
+  void wait(c10::Device device);
+  // Not collective: on rank 0, the error of an asynchronous write that failed and
+  // has not been reported yet, for a log line at the next step; the next save() or
+  // wait() raises it.
+  std::optional<std::string> write_failure() const;
+  AsyncStats async_stats() const;
+
   // Steps of the complete checkpoints on disk, oldest first (checksums not checked).
   std::vector<std::int64_t> steps_on_disk() const;
   std::string path_of(std::int64_t step) const;
@@ -121,10 +174,11 @@ class Checkpointer {
   std::optional<std::int64_t> newest_good_step(std::optional<std::int64_t> at_most) const;
   void write(const std::string& final_path, const std::vector<std::string>& files,
              const std::vector<std::string>& contents) const;
-  std::string save_whole(const TrainingProgress& progress, c10::Device device,
-                         const std::function<std::string()>& model_bytes,
-                         const std::function<std::string()>& optimizer_state_bytes,
-                         const std::vector<std::vector<at::Tensor>>& rng);
+  // model_part and optimizer_part return what makes the file's bytes: at once when
+  // saving synchronously, on the writer thread from host copies otherwise.
+  using Part = std::function<std::function<std::string()>()>;
+  std::string save_whole(const TrainingProgress& progress, c10::Device device, const Part& model_part,
+                         const Part& optimizer_part, const std::vector<std::vector<at::Tensor>>& rng);
   std::string save_split(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                          const TrainingProgress& progress, c10::Device device,
                          const std::vector<std::vector<at::Tensor>>& rng);
@@ -139,9 +193,13 @@ class Checkpointer {
   std::string refusal(std::int64_t step) const;
   std::string set_aside(std::int64_t step) const;
 
+  bool admit_asynchronous_save(std::int64_t step, c10::Device device);
+  void settle_writes() const;  // rank 0: waits for a write in flight, keeping its outcome
+
   std::string directory_;
   comm::Group group_;
   CheckpointerOptions options_;
+  std::unique_ptr<AsyncSave> async_;  // with asynchronous(true), on rank 0
 };
 
 }  // namespace cohort::checkpoint

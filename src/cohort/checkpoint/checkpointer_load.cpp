@@ -84,6 +84,7 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
                                                   torch::optim::Optimizer& optimizer,
                                                   c10::Device device,
                                                   std::optional<std::int64_t> at_most) {
+  settle_writes();  // a write in flight is finished first (its failure stays to be reported)
   // Rank 0 chooses, so that every rank loads the same checkpoint even if one is
   // being damaged while they look.
   auto chosen = torch::full({1}, std::int64_t{-1}, torch::dtype(torch::kInt64).device(device));

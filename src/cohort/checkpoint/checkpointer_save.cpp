@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <optional>
 #include <sstream>
 
+#include "cohort/checkpoint/async_save_internal.h"
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/checkpoint/checkpointer_internal.h"
 #include "cohort/checkpoint/gathered_state.h"
@@ -30,13 +32,16 @@ namespace {
 const std::vector<std::string> kFiles = {"model.pt", "optimizer.pt", "trainer.pt"};  // a whole checkpoint
 
 // What rank 0's save came to; every rank learns it (max_over_ranks).
-enum SaveOutcome : std::int64_t { kSaved = 0, kWriteFailed = 1, kRefused = 2 };
+enum SaveOutcome : std::int64_t { kSaved = 0, kWriteFailed = 1, kRefused = 2, kEarlierWriteFailed = 3, kSkipped = 4 };
 
 // Throws on every rank unless the save's outcome (the same on every rank) is kSaved.
 void raise_unless_saved(std::int64_t outcome, int rank, const std::string& path, const std::string& error) {
   switch (outcome) {
     case kSaved:
       return;
+    case kEarlierWriteFailed:
+      throw Error(rank == 0 ? error
+                            : "rank 0's asynchronous write of an earlier checkpoint failed; its log says why");
     case kRefused:
       throw ConfigError(rank == 0 ? error
                                   : fmt::format("rank 0 refused to save the checkpoint {}: the directory "
@@ -46,6 +51,16 @@ void raise_unless_saved(std::int64_t outcome, int rank, const std::string& path,
       throw Error(rank == 0 ? fmt::format("could not write the checkpoint {}: {}", path, error)
                             : fmt::format("rank 0 could not write the checkpoint {}; its log says why", path));
   }
+}
+
+using Clock = std::chrono::steady_clock;
+
+// The module's parameters and buffers by name, as state_dict() names them.
+std::vector<std::pair<std::string, at::Tensor>> named_state(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
 }
 
 }  // namespace
@@ -60,6 +75,15 @@ std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
 
 std::string Checkpointer::save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                                const TrainingProgress& progress, c10::Device device) {
+  const auto begin = Clock::now();
+  if (async_ && !admit_asynchronous_save(progress.step, device)) return {};
+  struct Blocked {  // how long this call held rank 0's training loop
+    AsyncSave* async;
+    Clock::time_point begin;
+    ~Blocked() {
+      if (async) async->blocked_for(std::chrono::duration<double>(Clock::now() - begin).count());
+    }
+  } blocked{async_.get(), begin};
   // Every rank's generators travel to rank 0, which writes them all.
   std::vector<std::vector<at::Tensor>> rng(static_cast<std::size_t>(group_.size()));
   for (const auto& state : capture_rng_state(device)) {
@@ -84,15 +108,56 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
       if (spread) spread->release_gathered_state();
     }
   } release{spread};
-  return save_whole(progress, device, [&] { return state_dict_bytes(model); },
-                    [&] { return optimizer_bytes(optimizer); }, rng);
+  return save_whole(
+      progress, device,
+      [&]() -> Deferred {
+        if (async_) return model_copy(named_state(model), async_->copies());
+        return [&] { return state_dict_bytes(model); };
+      },
+      [&]() -> Deferred {
+        if (async_) return optimizer_copy(optimizer, async_->copies(), spread == nullptr, optimizer_bytes);
+        return [&] { return optimizer_bytes(optimizer); };
+      },
+      rng);
+}
+
+// Rank 0 says whether an asynchronous save goes ahead (Note [Asynchronous
+// checkpoints]): not while the previous write runs under WhenBusy::kSkip; an
+// earlier write that failed, or a step that would be refused, throws on every rank.
+bool Checkpointer::admit_asynchronous_save(std::int64_t step, c10::Device device) {
+  std::int64_t code = kSaved;
+  std::string error;
+  if (group_.rank() == 0) {
+    if (options_.when_busy() == WhenBusy::kSkip && async_->busy()) {
+      code = kSkipped;
+    } else {
+      async_->settle();
+      if (auto failure = async_->take_failure()) {
+        code = kEarlierWriteFailed;
+        error = *failure;
+      } else {
+        error = refusal(step);
+        if (!error.empty()) code = kRefused;
+      }
+    }
+  }
+  code = max_over_ranks(group_, code, device);
+  if (code == kSkipped) {
+    if (group_.rank() == 0) {
+      async_->skipped();
+      warn(fmt::format("skipped the checkpoint of step {}: the previous one is still being written "
+                       "(CheckpointerOptions::when_busy is WhenBusy::kSkip)",
+                       step));
+    }
+    return false;
+  }
+  raise_unless_saved(code, group_.rank(), path_of(step), error);
+  return true;
 }
 
 // Rank 0 writes model.pt, optimizer.pt and trainer.pt into step-N.
-std::string Checkpointer::save_whole(const TrainingProgress& progress, c10::Device device,
-                                     const std::function<std::string()>& model_bytes,
-                                     const std::function<std::string()>& optimizer_state_bytes,
-                                     const std::vector<std::vector<at::Tensor>>& rng) {
+std::string Checkpointer::save_whole(const TrainingProgress& progress, c10::Device device, const Part& model_part,
+                                     const Part& optimizer_part, const std::vector<std::vector<at::Tensor>>& rng) {
   const std::string path = path_of(progress.step);
   std::string error;
   SaveOutcome outcome = kSaved;
@@ -100,9 +165,34 @@ std::string Checkpointer::save_whole(const TrainingProgress& progress, c10::Devi
     error = refusal(progress.step);
     if (!error.empty()) outcome = kRefused;
   }
-  if (group_.rank() == 0 && outcome == kSaved) {
+  if (group_.rank() == 0 && outcome == kSaved && async_) {
     try {
-      const std::vector<std::string> contents = {model_bytes(), optimizer_state_bytes(),
+      auto& copies = async_->copies();
+      copies.begin();
+      Deferred model = model_part();
+      Deferred optimizer = optimizer_part();
+      std::string trainer = encode_trainer_state(progress, rng);
+      auto ready = copies.end();
+      async_->start(
+          path,
+          [this, path, model = std::move(model), optimizer = std::move(optimizer), trainer = std::move(trainer)] {
+            try {
+              write(path, kFiles, {model(), optimizer(), trainer});
+            } catch (...) {
+              std::error_code ignored;  // a full disk gets its space back
+              fs::remove_all(temp_name(path, ::getpid()), ignored);
+              throw;
+            }
+            prune_or_warn();
+          },
+          std::move(ready));
+    } catch (const std::exception& e) {
+      error = e.what();
+      outcome = kWriteFailed;
+    }
+  } else if (group_.rank() == 0 && outcome == kSaved) {
+    try {
+      const std::vector<std::string> contents = {model_part()(), optimizer_part()(),
                                                  encode_trainer_state(progress, rng)};
       write(path, kFiles, contents);
     } catch (const std::exception& e) {
@@ -160,8 +250,19 @@ std::string Checkpointer::save_split(const torch::nn::Module& model, const torch
                                                   "its log says why",
                                                   progress.step)
                                     : error);
-  return save_whole(progress, device, [&] { return torch_save_bytes(*whole_model); },
-                    [&] { return optimizer_bytes(optimizer); }, rng);
+  return save_whole(
+      progress, device,
+      [&]() -> Deferred {
+        if (!async_) return [&] { return torch_save_bytes(*whole_model); };
+        std::vector<std::pair<std::string, at::Tensor>> named;
+        for (const auto& item : *whole_model) named.emplace_back(item.key(), item.value());
+        return model_copy(named, async_->copies());
+      },
+      [&]() -> Deferred {
+        if (async_) return optimizer_copy(optimizer, async_->copies(), true, optimizer_bytes);
+        return [&] { return optimizer_bytes(optimizer); };
+      },
+      rng);
 }
 
 // Note [Sharded checkpoints]
