@@ -4,6 +4,7 @@
 // The optimizer is a FullyShardedOptimizer over the shards (optimizer.cpp);
 // checkpoints hold the whole model and the whole optimizer state, as DDP's do.
 #include "cohort/checkpoint/state_dict.h"
+#include "checkpointing.h"
 #include "whole_model.h"
 
 namespace fashion_mnist {
@@ -26,7 +27,7 @@ class FullySharded : public WholeModel {
 
   std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer(const TrainerOptions& o) override {
     return std::make_unique<cohort::checkpoint::Checkpointer>(
-        o.checkpoint_dir, world_.group(), cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
+        o.checkpoint_dir, world_.group(), checkpointer_options(o));
   }
   std::optional<cohort::checkpoint::Restored> resume(cohort::checkpoint::Checkpointer& checkpointer,
                                                      torch::optim::Optimizer& optimizer) override {

@@ -38,6 +38,13 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--keep-checkpoints", o.keep_checkpoints, "How many checkpoints to keep")
       ->check(CLI::Range(1, 1000));
+  app.add_flag("--checkpoint-async", o.checkpoint_async,
+               "Save checkpoints asynchronously: the step pays for a copy into host memory, a thread writes "
+               "(docs/checkpoints.md)");
+  app.add_option("--checkpoint-when-busy", o.checkpoint_when_busy,
+                 "With --checkpoint-async, a checkpoint due while the last one is still being written: wait for "
+                 "it, or skip this one")
+      ->check(CLI::IsMember({"wait", "skip"}));
   app.add_option("--save-final", o.save_final, "Write the final weights here, as a state dict for torch.load");
   app.add_option("--limit-train-batches", o.limit_train_batches, "Steps per epoch at most (0: all), for quick runs")
       ->check(CLI::NonNegativeNumber);
@@ -205,6 +212,15 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
           "--straggler-every here, and find slow ranks in a run without --fault-tolerance (its straggler report, "
           "docs/timeline.md)");
   }
+  if (o.checkpoint_async && o.checkpoint_dir.empty())
+    refuse("--checkpoint-async saves the checkpoints of --checkpoint-dir asynchronously, and there is none; give "
+           "--checkpoint-dir, or drop --checkpoint-async");
+  if (o.checkpoint_async && o.fault_tolerance)
+    refuse("--checkpoint-async with --fault-tolerance: the fault-tolerant loop's checkpoints are synchronous "
+           "for now; drop --checkpoint-async");
+  if (o.checkpoint_when_busy != "wait" && !o.checkpoint_async)
+    refuse("--checkpoint-when-busy " + o.checkpoint_when_busy + " applies to --checkpoint-async; add it, or drop "
+           "--checkpoint-when-busy");
   if (o.shards_per_replica > 1 && (!o.fault_tolerance || o.zero == 0))
     refuse("--shards-per-replica " + std::to_string(o.shards_per_replica) + " cuts fault-tolerant replicas for "
            "ZeRO; it needs --fault-tolerance and --zero 1 or 2");

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "cohort/data/to_device.h"
+#include "checkpointing.h"
 #include "cohort/pipeline/checkpoint.h"
 #include "cohort/pipeline/mesh.h"
 #include "cohort/pipeline/pipeline.h"
@@ -115,7 +116,7 @@ class PipelineParallel : public Strategy {
     checkpoint_root_ = o.checkpoint_dir;
     return std::make_unique<cohort::checkpoint::Checkpointer>(
         stage_directory(o.checkpoint_dir, pipe_), mesh_.data_group(),
-        cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints));
+        checkpointer_options(o));
   }
 
   std::optional<cohort::checkpoint::Restored> resume(cohort::checkpoint::Checkpointer& checkpointer,

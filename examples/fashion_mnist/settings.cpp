@@ -36,6 +36,8 @@ std::vector<cohort::comm::Setting> shared_settings(const TrainerOptions& o, std:
       {"--checkpoint-dir", o.checkpoint_dir},
       {"--checkpoint-every", text(o.checkpoint_every)},
       {"--keep-checkpoints", text(o.keep_checkpoints)},
+      {"--checkpoint-async", flag(o.checkpoint_async)},
+      {"--checkpoint-when-busy", o.checkpoint_when_busy},
       {"--save-final (given)", flag(!o.save_final.empty())},
       {"--limit-train-batches", text(o.limit_train_batches)},
       {"--max-steps", text(o.max_steps)},

@@ -33,6 +33,7 @@
 #include "cohort/data/fashion_mnist.h"
 #include "cohort/errors.h"
 #include "cohort/system/cuda.h"
+#include "checkpointing.h"
 #include "cuda_graphs.h"
 #include "evaluate.h"
 #include "fault_tolerant.h"
@@ -149,6 +150,7 @@ int train(const TrainerOptions& o) {
       cohort::data::DistributedSamplerOptions(strategy->replica(), strategy->replicas()).seed(o.seed));
 
   std::unique_ptr<cohort::checkpoint::Checkpointer> checkpointer;
+  CheckpointLog checkpoint_log;
   cohort::checkpoint::TrainingProgress progress;
   if (!o.checkpoint_dir.empty()) {
     // Stage checkpoints hold parts of the model: a run without a pipeline refuses them
@@ -210,7 +212,7 @@ int train(const TrainerOptions& o) {
     precision.save(progress);
     strategy->save_state(progress);
     pause();
-    strategy->save(*checkpointer, *optimizer, progress, device);
+    checkpoint_log.timed([&] { strategy->save(*checkpointer, *optimizer, progress, device); });
     resume();
   };
 
@@ -288,6 +290,7 @@ int train(const TrainerOptions& o) {
         auto p = profiler.phase("checkpoint");
         save(epoch, epoch_step);
       }
+      if (checkpointer) checkpoint_log.report_failure(*checkpointer, lead);
       if (!last && !stopped) {
         auto p = profiler.phase("data");
         ++it;
@@ -330,6 +333,7 @@ int train(const TrainerOptions& o) {
     }
   }
   pause();
+  if (checkpointer) checkpointer->wait(device);  // the last asynchronous write, or its failure on every rank
   if (lead) bar.finish_line();
   if (!evaluated) last_eval = strategy->evaluate(test_set);
   report_stragglers(profiler, 0, world, device, o,
@@ -376,6 +380,7 @@ int train(const TrainerOptions& o) {
         {"cuda_graphs", graphed != nullptr && graphed->captured()},
         {"memory_per_rank", memory},
     };
+    if (checkpointer) summary["checkpoints"] = checkpoint_log.summary(*checkpointer, o.checkpoint_async);
     if (o.amp == "fp16") summary["amp_scaler"] = {{"scale", precision.loss_scale()}, {"skipped_steps", precision.skipped_steps()}};
     summary.update(strategy_summary);
     summary.update(performance_summary(profiler, samples_this_run / std::max(train_s, 1e-9), world, device));

@@ -3,6 +3,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include "cohort/checkpoint/state_dict.h"
+#include "checkpointing.h"
 #include "cohort/data/to_device.h"
 
 namespace fashion_mnist {
@@ -42,10 +43,11 @@ Evaluation WholeModel::evaluate(cohort::data::FashionMnist& test) {
 
 std::unique_ptr<cohort::checkpoint::Checkpointer> WholeModel::checkpointer(const TrainerOptions& o) {
   // With --zero each rank saves its own optimizer shard; nothing is gathered
-  // (docs/zero.md#sharded-checkpoints).
+  // (docs/zero.md#sharded-checkpoints). With --checkpoint-async too, the shards are
+  // gathered to rank 0, whose writer thread writes them (docs/checkpoints.md).
   return std::make_unique<cohort::checkpoint::Checkpointer>(
       o.checkpoint_dir, world_.group(),
-      cohort::checkpoint::CheckpointerOptions().keep_last(o.keep_checkpoints).shard_optimizer_state(o.zero > 0));
+      checkpointer_options(o).shard_optimizer_state(o.zero > 0 && !o.checkpoint_async));
 }
 
 std::optional<cohort::checkpoint::Restored> WholeModel::resume(cohort::checkpoint::Checkpointer& checkpointer,

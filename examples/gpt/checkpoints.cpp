@@ -28,8 +28,11 @@ const GptTrainerOptions& checked(const GptTrainerOptions& o) {
 Checkpoints::Checkpoints(const GptTrainerOptions& o, const cohort::comm::World& world)
     : options_(checked(o)),
       checkpointer_(o.checkpoint_dir, world.group(),
-                    cohort::checkpoint::CheckpointerOptions().split_parameters(
-                        cohort::tensor_parallel::parameter_splits)) {}
+                    cohort::checkpoint::CheckpointerOptions()
+                        .split_parameters(cohort::tensor_parallel::parameter_splits)
+                        .asynchronous(o.checkpoint_async)
+                        .when_busy(o.checkpoint_when_busy == "skip" ? cohort::checkpoint::WhenBusy::kSkip
+                                                                    : cohort::checkpoint::WhenBusy::kWait)) {}
 
 // Note [Checkpoint the GPT, not its DDP]: the state is the Gpt module's, not the
 // strategy's model(), so that its names are the same with and without DDP (one

@@ -95,6 +95,13 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "Steps between checkpoints under --checkpoint-dir (0: only at the end); the last step is always saved")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--checkpoint-async", o.checkpoint_async,
+               "Save checkpoints asynchronously: the step pays for a copy into host memory, a thread writes "
+               "(docs/checkpoints.md)");
+  app.add_option("--checkpoint-when-busy", o.checkpoint_when_busy,
+                 "With --checkpoint-async, a checkpoint due while the last one is still being written: wait for "
+                 "it, or skip this one")
+      ->check(CLI::IsMember({"wait", "skip"}));
   app.add_option("--stop-after", o.stop_after,
                  "Save a checkpoint after this step and exit, as an interrupted run would (needs --checkpoint-dir)")
       ->check(CLI::NonNegativeNumber);
@@ -153,6 +160,12 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   if (o.stop_after > 0 && o.checkpoint_dir.empty())
     refuse("--stop-after " + n(o.stop_after) +
            " saves a checkpoint to resume from, and there is no --checkpoint-dir; give one");
+  if (o.checkpoint_async && o.checkpoint_dir.empty())
+    refuse("--checkpoint-async saves the checkpoints of --checkpoint-dir asynchronously, and there is none; give "
+           "--checkpoint-dir, or drop --checkpoint-async");
+  if (o.checkpoint_when_busy != "wait" && !o.checkpoint_async)
+    refuse("--checkpoint-when-busy " + o.checkpoint_when_busy + " applies to --checkpoint-async; add it, or drop "
+           "--checkpoint-when-busy");
   if (o.timing_warmup >= o.steps)
     refuse("--timing-warmup " + n(o.timing_warmup) + " leaves none of the " + n(o.steps) +
            " --steps to time; make it smaller than --steps");

@@ -134,6 +134,8 @@ std::vector<cohort::comm::Setting> shared_settings(const GptTrainerOptions& o) {
       {"--save-initial (given)", flag(!o.save_initial.empty())},
       {"--checkpoint-dir", o.checkpoint_dir},
       {"--checkpoint-every", text(o.checkpoint_every)},
+      {"--checkpoint-async", flag(o.checkpoint_async)},
+      {"--checkpoint-when-busy", o.checkpoint_when_busy},
       {"--stop-after", text(o.stop_after)},
   };
 }
@@ -263,6 +265,7 @@ int train(const GptTrainerOptions& o) {
   Clock::time_point timed_begin, timed_end;
   if (o.timing_warmup > 0 && timed_from == start) timed_begin = synchronized_now();
   auto last_line = Clock::now();
+  std::optional<std::string> reported_failure;  // --checkpoint-async: a failed write, logged once
   for (std::int64_t s = start; s < o.steps; ++s) {
     cohort::trace::step(timeline.get(), s + 1);
     const auto t0 = Clock::now();
@@ -318,12 +321,20 @@ int train(const GptTrainerOptions& o) {
       last_line = Clock::now();
     }
     if (checkpoints && checkpoints->due(step)) checkpoints->save(*strategy, *optimizer, step, device);
+    if (checkpoints && lead) {
+      if (auto failure = checkpoints->write_failure(); failure && failure != reported_failure) {
+        std::cerr << "gpt: warning: " << *failure << "; the next checkpoint raises it" << std::endl;
+        reported_failure = failure;
+      }
+    }
     if (step == o.stop_after) {
+      checkpoints->finish(device);
       if (lead) std::cout << fmt::format("gpt: stopped after step {} (--stop-after)", step) << std::endl;
       return 0;
     }
   }
 
+  if (checkpoints) checkpoints->finish(device);  // the last asynchronous write, or its failure on every rank
   Tokenizer tokenizer(tokens.folder);
   const auto texts = sample_texts(*strategy, tokenizer, tokens.vocab_size, tokens.eos_id, o, world, mesh, device);
   auto rss = torch::tensor({peak_rss_mb()}, torch::dtype(torch::kFloat64).device(device));

@@ -446,7 +446,9 @@ bool has_temporary_entry(const std::string& dir) {
 
 // kill -9 at random moments of a writer that saves in a loop: whatever is on disk
 // afterwards either loads exactly what was saved at its step, or is skipped.
-TEST(Checkpointer, KillDuringSaveNeverLeavesABadCheckpoint) {
+// `writer_flags`: "--async" makes the writer save asynchronously (the kills land in
+// its writer thread, while the weights already hold the next step).
+void kill_during_saves(const std::vector<std::string>& writer_flags) {
   using namespace std::chrono_literals;
   TempDir temp("cohort-ckpt");
   const auto& dir = temp.path;
@@ -456,7 +458,9 @@ TEST(Checkpointer, KillDuringSaveNeverLeavesABadCheckpoint) {
   constexpr int kRounds = 12;
   for (int round = 0; round < kRounds; ++round) {
     {
-      cohort::testing::Subprocess writer({COHORT_CHECKPOINT_WRITER_PATH, dir});
+      std::vector<std::string> command = {COHORT_CHECKPOINT_WRITER_PATH, dir};
+      command.insert(command.end(), writer_flags.begin(), writer_flags.end());
+      cohort::testing::Subprocess writer(command);
       // Wait for this round's first save. Then, in odd rounds, kill as soon as a
       // temporary directory shows that a save is under way; in even rounds, at a random
       // moment.
@@ -496,6 +500,10 @@ TEST(Checkpointer, KillDuringSaveNeverLeavesABadCheckpoint) {
   EXPECT_GE(caught_mid_save, 3);
   std::cout << caught_mid_save << " of " << kRounds << " kills landed inside a save\n";
 }
+
+TEST(Checkpointer, KillDuringSaveNeverLeavesABadCheckpoint) { kill_during_saves({}); }
+
+TEST(Checkpointer, KillDuringAnAsynchronousWriteNeverLeavesABadCheckpoint) { kill_during_saves({"--async"}); }
 
 // Found by fuzz_checkpoint_pickle: LibTorch's unpickler throws std::runtime_error, not
 // c10::Error, for some bad files (here a dict with a None key), and that escaped the

@@ -125,12 +125,14 @@ std::map<int, double> losses(const std::string& out) {
 // Stopped after a checkpoint at step 20 of 30 as TP 2, resumed by the same two
 // processes as DP 2 × TP 1: steps 21..30 and the final validation loss are the
 // uninterrupted run's (to fp32 rounding: the TP split sums in another order).
-TEST(GptTrainer, ResumesAtAnotherTensorParallelSize) {
+// `flags` are added to every run (--checkpoint-async: a thread writes them).
+void resumes_at_another_tensor_parallel_size(const std::vector<std::string>& flags) {
   cohort::testing::TempDir cache("cohort-gpt-test");
   cohort::testing::TempDir checkpoints("cohort-gpt-ckpt");
   auto args = kTiny;
   args.at(11) = "30";  // --steps
   args.push_back("--log-losses");
+  args.insert(args.end(), flags.begin(), flags.end());
   const auto whole = run_gpt(cache.path, args);
   ASSERT_EQ(whole.exit_code, 0) << describe(whole);
 
@@ -161,6 +163,14 @@ TEST(GptTrainer, ResumesAtAnotherTensorParallelSize) {
   EXPECT_EQ(a.at("resumed_from_step").get<int>(), 0);
   EXPECT_EQ(b.at("tp").get<int>(), 1);
   EXPECT_EQ(b.at("dp").get<int>(), 2);
+}
+
+TEST(GptTrainer, ResumesAtAnotherTensorParallelSize) { resumes_at_another_tensor_parallel_size({}); }
+
+// --checkpoint-async: the split parameters are gathered whole, copied to host memory
+// and written by a thread (docs/checkpoints.md#asynchronous-checkpoints).
+TEST(GptTrainer, AsyncCheckpointsResumeAtAnotherTensorParallelSize) {
+  resumes_at_another_tensor_parallel_size({"--checkpoint-async"});
 }
 
 // Note [The stage's mode is the model's] (examples/gpt/pipeline.cpp): under --pp the

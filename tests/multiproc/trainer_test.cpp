@@ -82,10 +82,14 @@ TEST(Trainer, WorldTwoEqualsWorldOneWithTwiceTheBatch) {
   EXPECT_NE(r2.out.find("\"world_size\":2"), std::string::npos) << r2.out;
 }
 
-TEST(Trainer, KilledAndResumedEqualsUninterrupted) {
+// `flags` are added to every run (--checkpoint-async: the kill may land while a
+// thread writes a checkpoint).
+void killed_and_resumed_equals_uninterrupted(const std::vector<std::string>& flags) {
   TempDir dir("cohort-trainer");
-  const std::vector<std::string> args = {"--deterministic", "--epochs", "2", "--limit-train-batches", "15",
-                                         "--batch-size", "32", "--checkpoint-every", "4", "--seed", "5"};
+  const std::vector<std::string> args =
+      with({"--deterministic", "--epochs", "2", "--limit-train-batches", "15", "--batch-size", "32",
+            "--checkpoint-every", "4", "--seed", "5"},
+           flags);
   const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
   auto r = run_trainer(2, with(args, {"--checkpoint-dir", dir.path + "/a", "--save-final", straight}));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
@@ -110,6 +114,55 @@ TEST(Trainer, KilledAndResumedEqualsUninterrupted) {
   ASSERT_EQ(again.exit_code, 0) << describe(again);
   EXPECT_NE(again.out.find("[rank0]: resuming from " + ckpt + "/step-"), std::string::npos) << again.out;
   EXPECT_TRUE(bitwise_equal(straight, resumed)) << "largest difference " << max_difference(straight, resumed);
+}
+
+TEST(Trainer, KilledAndResumedEqualsUninterrupted) { killed_and_resumed_equals_uninterrupted({}); }
+
+// --checkpoint-async (docs/checkpoints.md#asynchronous-checkpoints).
+TEST(Trainer, KilledDuringAsyncCheckpointsAndResumedEqualsUninterrupted) {
+  killed_and_resumed_equals_uninterrupted({"--checkpoint-async"});
+}
+
+// --checkpoint-async under the strategies whose checkpoints differ: ZeRO-1 (its
+// shards gathered to rank 0's writer), ZeRO-3 (the full parameters) and a pipeline
+// (a checkpointer per stage). Stopped by --max-steps and resumed, each equals its
+// uninterrupted run, and the final line says what the checkpoints cost.
+TEST(Trainer, AsyncCheckpointsResumeUnderEachStrategy) {
+  for (const auto& strategy : std::vector<std::vector<std::string>>{
+           {"--zero", "1"}, {"--zero", "3"}, {"--pipeline-stages", "2", "--microbatches", "2"}}) {
+    TempDir dir("cohort-trainer");
+    const auto args = with(with(kQuick, strategy), {"--deterministic", "--checkpoint-every", "3", "--seed", "8"});
+    const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
+    const auto ckpt = dir.path + "/ckpt";
+    auto u = run_trainer(2, with(args, {"--save-final", straight}));
+    ASSERT_EQ(u.exit_code, 0) << describe(u);
+    auto first = run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--checkpoint-async", "--max-steps", "7"}));
+    ASSERT_EQ(first.exit_code, 0) << describe(first);
+    EXPECT_NE(first.out.find("\"checkpoints\":{\"async\":true"), std::string::npos) << first.out;
+    auto second =
+        run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--checkpoint-async", "--save-final", resumed}));
+    ASSERT_EQ(second.exit_code, 0) << describe(second);
+    EXPECT_NE(second.out.find("resuming from "), std::string::npos) << second.out;
+    EXPECT_TRUE(bitwise_equal(straight, resumed))
+        << strategy[0] << ": largest difference " << max_difference(straight, resumed);
+  }
+}
+
+TEST(Trainer, CheckpointAsyncFlagsThatCannotWorkExitTwo) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--checkpoint-async"}, "and there is none; give --checkpoint-dir"},
+      {{"--checkpoint-when-busy", "skip", "--checkpoint-dir", "/tmp/unused"}, "applies to --checkpoint-async"},
+      {{"--checkpoint-async", "--checkpoint-dir", "/tmp/unused", "--fault-tolerance"},
+       "--checkpoint-async with --fault-tolerance"},
+      {{"--checkpoint-async", "--checkpoint-dir", "/tmp/unused", "--checkpoint-when-busy", "later"},
+       "--checkpoint-when-busy"}};
+  for (const auto& [extra, message] : cases) {
+    std::vector<std::string> argv{COHORT_TRAINER_PATH};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = cohort::testing::run_process(argv, 30s);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_NE(r.err.find(message), std::string::npos) << describe(r);
+  }
 }
 
 
