@@ -8,7 +8,9 @@ documented is torch 2.11.0's; scripts/pypi-torch --venv-only 2.11.0 makes a venv
                                        and checks that each loads back (FSDP2's at world 1 too)
   python dcp_reference.py --dump CKPT  prints CKPT/.metadata field by field, the
                                        pickletools disassembly of it, and where each item
-                                       lies in the .distcp files
+                                       lies in the .distcp files (and whether LibTorch's
+                                       torch::pickle_load, through torch._C, reads it as
+                                       torch.load does)
 
 Each checkpoint is dcp.save({"model": ..., "optim": ..., "train": {"step": 7}}) of a
 2-layer MLP, Linear(5, 8) - ReLU - Linear(8, 3), trained one Adam step, the model and
@@ -129,7 +131,11 @@ def dump(path):
             blob = f.read(v.length)
         names = zipfile.ZipFile(io.BytesIO(blob)).namelist()
         obj = torch.load(io.BytesIO(blob), weights_only=False)
-        print(f"  {v.relative_path} [{v.offset}, +{v.length}) {k.fqn}: zip {names}: {obj!r}"[:400])
+        # What LibTorch's torch::pickle_load (C++) makes of the same bytes
+        cpp = torch._C._pickle_load_obj(blob)
+        same = (torch.equal(cpp, obj) and cpp.stride() == obj.stride()) if isinstance(obj, torch.Tensor) else cpp == obj
+        print(f"  {v.relative_path} [{v.offset}, +{v.length}) {k.fqn}: "
+              f"{'same' if same else 'NOT the same'} through LibTorch's pickle_load; zip {names}: {obj!r}"[:400])
     print("== pickletools.dis(.metadata)")
     pickletools.dis(raw)
 
