@@ -32,6 +32,13 @@ last, and gives timed_tokens_per_second over the steps between. MFU is GptImpl::
 training_flops (examples/gpt/model.cpp) at that rate over --peak-tflops per process,
 which gpu-check takes from the trainer's JSON line so both sides divide by the same
 peak; without it, mfu is null.
+
+With --checkpoint-mode sync|async (issue 49's benchmark against PyTorch's distributed
+checkpoints), every --checkpoint-every N optimizer steps the model and the optimizer
+are saved with torch.distributed.checkpoint to DIR/step-S (class Checkpointer, as in
+trainer_peer.py), inside the timed step; the JSON line gains checkpoints,
+checkpoint_blocked_ms_median/_max, checkpoint_final_wait_ms, rss_mb_start/_end and
+checkpoint_mode (trainer_peer.py's docstring). With none (the default) nothing changes.
 """
 import argparse
 import json
@@ -149,6 +156,77 @@ def batch(tokens, step, args, dp_rank, dp_size):
     return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
+class Checkpointer:
+    """--checkpoint-mode sync|async: every --checkpoint-every optimizer steps, the model's
+    and the optimizer's state (torch.distributed.checkpoint.state_dict.get_state_dict, as
+    torchtitan takes it) saved with torch.distributed.checkpoint to DIR/step-S: dcp.save,
+    or dcp.async_save with at most one save in flight (the previous one's result() is
+    awaited before the next starts, as torchtitan does; the last one at finish()). The
+    async saves' collectives run on a Gloo group of their own, so that they never
+    interleave with the training's on the default group. Rank 0 times how long each
+    save blocks the training loop (the wait for the previous save included). With
+    --checkpoint-mode none (the default) nothing is imported or done."""
+
+    def __init__(self, directory, every, mode, rank):
+        self.enabled = mode != "none"
+        if self.enabled and (not directory or every <= 0):
+            raise SystemExit("--checkpoint-mode sync|async needs --checkpoint-dir and --checkpoint-every N > 0")
+        self.directory, self.every, self.mode, self.rank = directory, every, mode, rank
+        self.future, self.blocked_ms, self.rss_mb_start, self.rss_mb_end = None, [], None, None
+        if self.enabled:
+            try:
+                import torch.distributed.checkpoint as dcp
+                from torch.distributed.checkpoint.state_dict import get_state_dict
+            except ImportError as e:
+                raise SystemExit(f"--checkpoint-mode {mode} needs torch.distributed.checkpoint.state_dict "
+                                 f"(PyTorch 2.2 or later), not in torch {torch.__version__}: {e}")
+            self.dcp, self.get_state_dict = dcp, get_state_dict
+        self.group = dist.new_group(backend="gloo") if mode == "async" else None
+
+    @staticmethod
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def _wait(self):
+        if self.future is not None:
+            # torch >= 2.9 may answer an AsyncSaveResponse (a stager that returns a future)
+            getattr(self.future, "upload_completion", self.future).result()
+            self.future = None
+
+    def step(self, step, model, optimizer):
+        """After optimizer step number `step` (1-based): save when it is due."""
+        if not self.enabled or step % self.every:
+            return
+        if self.rss_mb_start is None:
+            self.rss_mb_start = self.rss_mb()
+        begin = time.perf_counter()
+        self._wait()
+        model_state, optimizer_state = self.get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optimizer_state}
+        checkpoint_id = os.path.join(self.directory, f"step-{step}")
+        if self.mode == "sync":
+            self.dcp.save(state, checkpoint_id=checkpoint_id)
+        else:
+            self.future = self.dcp.async_save(state, checkpoint_id=checkpoint_id, process_group=self.group)
+        self.blocked_ms.append((time.perf_counter() - begin) * 1e3)
+
+    def finish(self):
+        """Waits for the last async save; the JSON line's checkpoint keys (none without checkpoints)."""
+        if not self.enabled:
+            return {}
+        begin = time.perf_counter()
+        self._wait()
+        final_wait_ms = (time.perf_counter() - begin) * 1e3
+        self.rss_mb_end = self.rss_mb()
+        blocked = self.blocked_ms
+        return {"checkpoint_mode": self.mode, "checkpoints": len(blocked),
+                "checkpoint_blocked_ms_median": statistics.median(blocked) if blocked else None,
+                "checkpoint_blocked_ms_max": max(blocked) if blocked else None,
+                "checkpoint_final_wait_ms": final_wait_ms,
+                "rss_mb_start": self.rss_mb_start, "rss_mb_end": self.rss_mb_end}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
@@ -170,6 +248,9 @@ def main():
     p.add_argument("--attention", choices=("explicit", "sdpa"), default="explicit",
                    help="softmax(q k^T) v with a mask, or F.scaled_dot_product_attention")
     p.add_argument("--peak-tflops", type=float, default=0, help="the peak per process for mfu (0: no mfu)")
+    p.add_argument("--checkpoint-dir", default="")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="optimizer steps between checkpoints")
+    p.add_argument("--checkpoint-mode", default="none", choices=["none", "sync", "async"])
     args = p.parse_args()
     if args.warmup_steps < 0:
         args.warmup_steps = args.steps // 10
@@ -208,6 +289,7 @@ def main():
         net = model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     dp_rank = mesh["dp"].get_local_rank()
+    checkpointer = Checkpointer(args.checkpoint_dir, args.checkpoint_every, args.checkpoint_mode, rank)
 
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -242,6 +324,7 @@ def main():
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
             loss.backward()
         opt.step()
+        checkpointer.step(step + 1, model, opt)
         if not read_each_step:
             elapsed = time.perf_counter() - start
             all_times.append(elapsed)
@@ -270,6 +353,7 @@ def main():
         gflops = training_flops(timed_steps * args.batch_size * args.context, args, vocab) / timed_s / 1e9
     peak_tflops = args.peak_tflops * world
     median = statistics.median(times) if times else None
+    checkpoint_keys = checkpointer.finish()
     if rank == 0:
         print(json.dumps({"peer": "pytorch", "torch": torch.__version__, "tp": args.tp, "dp": dp_size,
                           "device": str(device), "amp": args.amp, "attention": args.attention,
@@ -282,7 +366,8 @@ def main():
                           "peak_tflops": peak_tflops or None,
                           "mfu": gflops / (peak_tflops * 1e3) if peak_tflops and gflops else None,
                           # examples/gpt's definition: every step's tokens over every step's time
-                          "tokens_per_second": args.steps * args.batch_size * args.context / sum(all_times)}),
+                          "tokens_per_second": args.steps * args.batch_size * args.context / sum(all_times),
+                          **checkpoint_keys}),
               flush=True)
     dist.destroy_process_group()
 

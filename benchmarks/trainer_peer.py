@@ -5,17 +5,29 @@ training rate (evaluation excluded), as the C++ trainer does.
 
   trainer_peer.py [--epochs 1] [--batch-size 32] [--lr 2e-3] [--limit-train-batches N] [--data-dir D]
                   [--memory-format channels-last|contiguous] [--evaluate] [--device cpu|cuda]
+                  [--checkpoint-dir DIR --checkpoint-every N --checkpoint-mode none|sync|async]
 
 With --device cuda, each rank trains on its local GPU over NCCL, with its batches
 copied there each step from the images held on the CPU, as the C++ trainer does.
 
 With --evaluate, every epoch ends with a distributed evaluation on the test set and
 rank 0 prints "epoch E/N: test accuracy A, ..., S s since start" as the C++ trainer does.
+
+With --checkpoint-mode sync|async (issue 49's benchmark against PyTorch's distributed
+checkpoints), every --checkpoint-every N optimizer steps the model and the optimizer
+are saved with torch.distributed.checkpoint to DIR/step-S (class Checkpointer). The
+saves happen inside the training loop, so the training rate includes the time they
+block it; the JSON line gains checkpoints, checkpoint_blocked_ms_median/_max (rank 0's
+time blocked per save, the wait for the previous async save included),
+checkpoint_final_wait_ms (the wait for the last async save, after the loop),
+rss_mb_start/_end (rank 0's RSS at the first save and after the last) and
+checkpoint_mode. With none (the default) nothing changes, on torch 1.13 too.
 """
 import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -43,6 +55,78 @@ def evaluate(model, x, y, rank, world, fmt):
     return float(counts[0] / counts[1])
 
 
+class Checkpointer:
+    """--checkpoint-mode sync|async: every --checkpoint-every optimizer steps, the model's
+    and the optimizer's state (torch.distributed.checkpoint.state_dict.get_state_dict, as
+    torchtitan takes it) saved with torch.distributed.checkpoint to DIR/step-S: dcp.save,
+    or dcp.async_save with at most one save in flight (the previous one's result() is
+    awaited before the next starts, as torchtitan does; the last one at finish()). The
+    async saves' collectives run on a Gloo group of their own, so that they never
+    interleave with the training's on the default group. Rank 0 times how long each
+    save blocks the training loop (the wait for the previous save included). With
+    --checkpoint-mode none (the default) nothing is imported or done, so the peer still
+    runs on torch 1.13."""
+
+    def __init__(self, directory, every, mode, rank):
+        self.enabled = mode != "none"
+        if self.enabled and (not directory or every <= 0):
+            raise SystemExit("--checkpoint-mode sync|async needs --checkpoint-dir and --checkpoint-every N > 0")
+        self.directory, self.every, self.mode, self.rank = directory, every, mode, rank
+        self.future, self.blocked_ms, self.rss_mb_start, self.rss_mb_end = None, [], None, None
+        if self.enabled:
+            try:
+                import torch.distributed.checkpoint as dcp
+                from torch.distributed.checkpoint.state_dict import get_state_dict
+            except ImportError as e:
+                raise SystemExit(f"--checkpoint-mode {mode} needs torch.distributed.checkpoint.state_dict "
+                                 f"(PyTorch 2.2 or later), not in torch {torch.__version__}: {e}")
+            self.dcp, self.get_state_dict = dcp, get_state_dict
+        self.group = dist.new_group(backend="gloo") if mode == "async" else None
+
+    @staticmethod
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def _wait(self):
+        if self.future is not None:
+            # torch >= 2.9 may answer an AsyncSaveResponse (a stager that returns a future)
+            getattr(self.future, "upload_completion", self.future).result()
+            self.future = None
+
+    def step(self, step, model, optimizer):
+        """After optimizer step number `step` (1-based): save when it is due."""
+        if not self.enabled or step % self.every:
+            return
+        if self.rss_mb_start is None:
+            self.rss_mb_start = self.rss_mb()
+        begin = time.perf_counter()
+        self._wait()
+        model_state, optimizer_state = self.get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optimizer_state}
+        checkpoint_id = os.path.join(self.directory, f"step-{step}")
+        if self.mode == "sync":
+            self.dcp.save(state, checkpoint_id=checkpoint_id)
+        else:
+            self.future = self.dcp.async_save(state, checkpoint_id=checkpoint_id, process_group=self.group)
+        self.blocked_ms.append((time.perf_counter() - begin) * 1e3)
+
+    def finish(self):
+        """Waits for the last async save; the JSON line's checkpoint keys (none without checkpoints)."""
+        if not self.enabled:
+            return {}
+        begin = time.perf_counter()
+        self._wait()
+        final_wait_ms = (time.perf_counter() - begin) * 1e3
+        self.rss_mb_end = self.rss_mb()
+        blocked = self.blocked_ms
+        return {"checkpoint_mode": self.mode, "checkpoints": len(blocked),
+                "checkpoint_blocked_ms_median": statistics.median(blocked) if blocked else None,
+                "checkpoint_blocked_ms_max": max(blocked) if blocked else None,
+                "checkpoint_final_wait_ms": final_wait_ms,
+                "rss_mb_start": self.rss_mb_start, "rss_mb_end": self.rss_mb_end}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=1)
@@ -54,6 +138,9 @@ def main():
     p.add_argument("--evaluate", action="store_true")
     p.add_argument("--amp", default="off", choices=["bf16", "off"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--checkpoint-dir", default="")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="optimizer steps between checkpoints")
+    p.add_argument("--checkpoint-mode", default="none", choices=["none", "sync", "async"])
     a = p.parse_args()
     fmt = torch.channels_last if a.memory_format == "channels-last" else torch.contiguous_format
     started = time.perf_counter()
@@ -63,6 +150,7 @@ def main():
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    checkpointer = Checkpointer(a.checkpoint_dir, a.checkpoint_every, a.checkpoint_mode, rank)
     images = torch.from_numpy(read_idx(f"{a.data_dir}/train-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28).copy())
     labels = torch.from_numpy(read_idx(f"{a.data_dir}/train-labels-idx1-ubyte.gz", 8).astype(np.int64))
     torch.manual_seed(0)
@@ -95,15 +183,18 @@ def main():
             loss.item()  # the C++ trainer reads the loss every step too
             step += 1
             samples += len(idx) * world
+            checkpointer.step(step, model, opt)
         train_s += time.perf_counter() - mark
         if a.evaluate:
             accuracy = evaluate(model.module, test_x, test_y, rank, world, fmt)
             if rank == 0:
                 print(f"epoch {epoch + 1}/{a.epochs}: test accuracy {accuracy:.4f}, "
                       f"{time.perf_counter() - started:.1f} s since start", flush=True)
+    checkpoint_keys = checkpointer.finish()
     if rank == 0:
         print(json.dumps({"side": "pytorch", "samples_per_second": samples / train_s, "train_seconds": train_s,
-                          "steps": step, "world_size": world, "wall_seconds": time.perf_counter() - started}))
+                          "steps": step, "world_size": world, "wall_seconds": time.perf_counter() - started,
+                          **checkpoint_keys}))
     dist.destroy_process_group()
     # Note [PyTorch 1.13's exit deadlock]: tearing down a DDP model at exit can hang
     # for ever in 1.13 (~Reducer destroys the Gloo group, whose work thread waits
