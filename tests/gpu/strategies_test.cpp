@@ -609,3 +609,39 @@ TEST(GpuTimeline, APhaseAndACollectiveAreDrawnWhereTheGpuRanThem) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 49: an asynchronous checkpoint of CUDA state is copied into pinned host
+// memory on the current stream; the next step's in-place updates, queued right after
+// save() returns, must not reach the file, and the writer waits for the copies'
+// device event before serialising (Note [Asynchronous checkpoints]).
+TEST(GpuCheckpoint, AsynchronousSaveOfCudaStateHoldsTheStateAtSave) {
+  cohort::testing::TempDir temp("cohort-gpu-async");
+  auto world = nccl_world_of_one();
+  torch::manual_seed(7);
+  auto model = torch::nn::Sequential(torch::nn::Linear(2048, 2048), torch::nn::Linear(2048, 2048));
+  model->to(kGpu);
+  torch::optim::Adam optimizer(model->parameters(), 1e-3);
+  model->forward(torch::randn({4, 2048}, kGpu)).sum().backward();
+  optimizer.step();
+  std::vector<torch::Tensor> at_save;
+  for (const auto& p : model->parameters()) at_save.push_back(p.detach().cpu());
+  cohort::checkpoint::Checkpointer ckpt(temp.path, world.group(),
+                                        cohort::checkpoint::CheckpointerOptions().asynchronous(true));
+  ckpt.save(*model, optimizer, {1, 0, 0, {}}, kGpu);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.mul_(0).add_(-3);  // queued behind the copies
+  }
+  ckpt.wait(kGpu);
+  EXPECT_GT(ckpt.async_stats().host_bytes, 0);
+  auto fresh = torch::nn::Sequential(torch::nn::Linear(2048, 2048), torch::nn::Linear(2048, 2048));
+  torch::optim::Adam fresh_optimizer(fresh->parameters(), 1e-3);
+  auto cpu = gloo_world_of_one();
+  cohort::checkpoint::Checkpointer reader(temp.path, cpu.group());
+  ASSERT_TRUE(reader.load_latest(*fresh, fresh_optimizer, torch::kCPU).has_value());
+  for (std::size_t i = 0; i < at_save.size(); ++i) EXPECT_TRUE(torch::equal(fresh->parameters()[i], at_save[i])) << i;
+}
+
+}  // namespace

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# What a checkpoint every N steps costs the Fashion-MNIST trainer, cohort's
+# synchronous and asynchronous checkpoints (docs/checkpoints.md) against PyTorch 2's
+# dcp.save and dcp.async_save on the same network, data, batch, world and backend
+# (trainer_peer.py on the venv's torch, Gloo on the CPU), in one run (BENCHMARKS.md,
+# issue 49). Each side runs without checkpoints, with synchronous ones and with
+# asynchronous ones, alternating, REPS times after a warm-up; each run starts from an
+# empty checkpoint directory. Per side and mode it prints the median of:
+#   rate      samples/s over the training loop with the time saves held it (cohort's
+#             trainer leaves checkpoints out of samples_per_second and reports their
+#             blocked time; the peer's loop includes them)
+#   cost      1 - rate / the same side's rate without checkpoints
+#   blocked   rank 0's median time held per save, milliseconds
+#   rss       rank 0's (cohort: the largest rank's) peak resident memory, MB
+#   benchmarks/compare_checkpoints.sh [BUILD_DIR] [NPROC] [STEPS] [EVERY] [REPS]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/bench_env.sh"
+build=${1:-build}
+nproc=${2:-2}
+steps=${3:-500}
+every=${4:-50}
+reps=${5:-3}
+if [[ $bench_smoke == 1 ]]; then steps=8 every=4 reps=1; fi
+export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
+cohort=$build/tools/cohort/cohort
+trainer=$build/examples/fashion_mnist/fashion_mnist
+python=$(torch2_python)
+common=(--epochs 1 --batch-size 32 --lr 2e-3 --limit-train-batches "$steps")
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+# run SETTING SIDE MODE: one run's figures as "rate blocked_ms rss_mb"
+run() {
+  local setting=$1 side=$2 mode=$3 dir
+  dir=$(mktemp -d -p "$scratch")
+  local args=("${common[@]}")
+  if [[ $side == cohort ]]; then
+    [[ $mode != none ]] && args+=(--checkpoint-dir "$dir/ckpt" --checkpoint-every "$every")
+    [[ $mode == async ]] && args+=(--checkpoint-async)
+    # shellcheck disable=SC2046
+    env $(malloc_env "$setting") "$cohort" run --nproc-per-node "$nproc" --local-ranks-filter 0 "$trainer" \
+      "${args[@]}" | grep '{' | sed 's/^\[rank0\]: //' | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+c = r.get("checkpoints", {})
+blocked = c.get("blocked_s", 0.0)
+print(r["samples"] / (r["train_seconds"] + blocked), c.get("blocked_ms_median", 0.0), r["peak_rss_mb_max_rank"])'
+  else
+    [[ $mode != none ]] && args+=(--checkpoint-dir "$dir/ckpt" --checkpoint-every "$every" --checkpoint-mode "$mode")
+    # shellcheck disable=SC2046
+    env $(malloc_env "$setting") "$cohort" run --nproc-per-node "$nproc" --local-ranks-filter 0 "${peer_conf[@]}" \
+      "$python" "$here/trainer_peer.py" "${args[@]}" | grep '{' | sed 's/^\[rank0\]: //' | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+rss = r.get("rss_mb_end")
+print(r["samples_per_second"], r.get("checkpoint_blocked_ms_median") or 0.0, rss if rss is not None else 0.0)'
+  fi
+  rm -rf "$dir"
+}
+
+for setting in "${malloc_settings[@]}"; do
+  results=$scratch/results-$setting
+  : >"$results"
+  run "$setting" cohort none >/dev/null  # warm-up: page cache, first-touch
+  run "$setting" pytorch none >/dev/null
+  for ((i = 0; i < reps; i++)); do
+    for mode in none sync async; do
+      echo "cohort $mode $(run "$setting" cohort "$mode")" >>"$results"
+      echo "pytorch $mode $(run "$setting" pytorch "$mode")" >>"$results"
+    done
+  done
+  /usr/bin/python3 - "$results" "$nproc" "$steps" "$every" "$setting" "$reps" <<'PY'
+import collections, statistics, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    side, mode, rate, blocked, rss = line.split()
+    rows[side, mode].append((float(rate), float(blocked), float(rss)))
+print(f"world {sys.argv[2]}, {sys.argv[3]} steps of batch 32 per rank, a checkpoint every {sys.argv[4]} steps, "
+      f"{sys.argv[6]} repetitions, allocator: {sys.argv[5]}")
+print(f"{'side':8} {'mode':6} {'rate':>8} {'cost':>7} {'blocked ms':>11} {'rss MB':>7}  rates")
+for side, label in (("cohort", "cohort"), ("pytorch", "pytorch")):
+    base = statistics.median(r[0] for r in rows[side, "none"])
+    for mode in ("none", "sync", "async"):
+        runs = rows[side, mode]
+        rate = statistics.median(r[0] for r in runs)
+        blocked = statistics.median(r[1] for r in runs)
+        rss = statistics.median(r[2] for r in runs)
+        cost = "" if mode == "none" else f"{100 * (1 - rate / base):6.1f}%"
+        print(f"{label:8} {mode:6} {rate:8.0f} {cost:>7} {blocked:11.1f} {rss:7.0f}  "
+              + " ".join(f"{r[0]:.0f}" for r in runs))
+PY
+done
