@@ -1,4 +1,5 @@
 #include "cohort/checkpoint/consolidate.h"
+#include "cohort/checkpoint/consolidate_internal.h"
 
 #include <fmt/format.h>
 #include <torch/serialize/input-archive.h>
@@ -18,8 +19,6 @@ namespace fs = std::filesystem;
 
 namespace cohort::checkpoint {
 namespace {
-
-using GenericDict = c10::impl::GenericDict;
 
 // Note [No floats for Python 1.13]: the safe unpickler of PyTorch 1.13 (Debian 12's)
 // has no BINFLOAT, so a float anywhere makes torch.load(weights_only=True) fail
@@ -119,16 +118,12 @@ std::string newest_complete(const std::string& directory, std::ostream& log) {
 
 }  // namespace
 
-Consolidated consolidate_checkpoint(const std::string& source, const std::string& out, std::ostream& log) {
-  Consolidated report;
+GenericDict consolidated_state(const std::string& source, std::ostream& log, Consolidated& report) {
   std::error_code ec;
   if (!fs::is_directory(source, ec))
     throw DataError(fmt::format("{} is not a directory; give a checkpoint (step-N) or a directory of them", source));
   report.checkpoint = fs::exists(fs::path(source) / kManifestName) ? source : newest_complete(source, log);
   const std::string& path = report.checkpoint;
-  if (fs::weakly_canonical(fs::absolute(out)).parent_path() == fs::weakly_canonical(fs::absolute(path)))
-    throw DataError(fmt::format("{} would be written into the checkpoint {} it is made from; write it elsewhere",
-                                out, path));
   const auto manifest = read_manifest(path);
   report.step = manifest.step;
 
@@ -193,7 +188,15 @@ Consolidated consolidate_checkpoint(const std::string& source, const std::string
   optimizer.insert("state", state);
   optimizer.insert("param_groups", groups);
   result.insert("optimizer", optimizer);
+  return result;
+}
 
+Consolidated consolidate_checkpoint(const std::string& source, const std::string& out, std::ostream& log) {
+  Consolidated report;
+  const auto result = consolidated_state(source, log, report);
+  if (fs::weakly_canonical(fs::absolute(out)).parent_path() == fs::weakly_canonical(fs::absolute(report.checkpoint)))
+    throw DataError(fmt::format("{} would be written into the checkpoint {} it is made from; write it elsewhere",
+                                out, report.checkpoint));
   const std::string bytes = torch_save_bytes(result);
   write_file_atomically(out, bytes);
   report.bytes = bytes.size();
