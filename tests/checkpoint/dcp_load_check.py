@@ -24,9 +24,16 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 
-def make(optimizer):
+def make(optimizer, fsdp):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    if fsdp:
+        # Sharded before the optimizer is made, as FSDP2 wants: its parameters are
+        # the DTensors each rank holds a row block of.
+        from torch.distributed.fsdp import fully_shard
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.1)
     elif optimizer == "adamw":
@@ -56,12 +63,7 @@ def compare(name, got, expected):
 
 
 def check(a, rank, world):
-    model, opt = make(a.optimizer)
-    if a.fsdp:
-        from torch.distributed.fsdp import fully_shard
-        for layer in (model[0], model[2]):
-            fully_shard(layer)
-        fully_shard(model)
+    model, opt = make(a.optimizer, a.fsdp)
     model_sd, optim_sd = get_state_dict(model, opt)
     state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1, "epoch": -1}}
     dcp.load(state, checkpoint_id=a.dcp_dir)

@@ -139,24 +139,23 @@ inline at::Tensor copy_if_defined(HostCopies& copies, const std::string& name, c
   return t.defined() ? copies.copy(name, t) : t;
 }
 
+// Adam's and AdamW's states (two types with the same fields).
+template <class State, class Copy>
+std::unique_ptr<State> copy_moments(const State& s, const Copy& c) {
+  auto out = std::make_unique<State>(s);
+  out->exp_avg(c("exp_avg", s.exp_avg())).exp_avg_sq(c("exp_avg_sq", s.exp_avg_sq()));
+  out->max_exp_avg_sq(c("max_exp_avg_sq", s.max_exp_avg_sq()));
+  return out;
+}
+
 // A copy of one parameter's state whose tensors are host copies; nullptr for a
 // state of a type this does not know.
 inline std::unique_ptr<torch::optim::OptimizerParamState> copy_state(const torch::optim::OptimizerParamState& state,
                                                                      HostCopies& copies, const std::string& key) {
   namespace o = torch::optim;
   auto c = [&](const char* field, const at::Tensor& t) { return copy_if_defined(copies, key + "." + field, t); };
-  if (const auto* s = dynamic_cast<const o::AdamParamState*>(&state)) {
-    auto out = std::make_unique<o::AdamParamState>(*s);
-    out->exp_avg(c("exp_avg", s->exp_avg())).exp_avg_sq(c("exp_avg_sq", s->exp_avg_sq()));
-    out->max_exp_avg_sq(c("max_exp_avg_sq", s->max_exp_avg_sq()));
-    return out;
-  }
-  if (const auto* s = dynamic_cast<const o::AdamWParamState*>(&state)) {
-    auto out = std::make_unique<o::AdamWParamState>(*s);
-    out->exp_avg(c("exp_avg", s->exp_avg())).exp_avg_sq(c("exp_avg_sq", s->exp_avg_sq()));
-    out->max_exp_avg_sq(c("max_exp_avg_sq", s->max_exp_avg_sq()));
-    return out;
-  }
+  if (const auto* s = dynamic_cast<const o::AdamParamState*>(&state)) return copy_moments(*s, c);
+  if (const auto* s = dynamic_cast<const o::AdamWParamState*>(&state)) return copy_moments(*s, c);
   if (const auto* s = dynamic_cast<const o::SGDParamState*>(&state)) {
     auto out = std::make_unique<o::SGDParamState>(*s);
     out->momentum_buffer(c("momentum_buffer", s->momentum_buffer()));

@@ -37,7 +37,7 @@ class PyValue {
   }
   static PyValue tuple(std::vector<PyValue> items) { return sequence(Kind::kTuple, std::move(items)); }
   static PyValue list(std::vector<PyValue> items) { return sequence(Kind::kList, std::move(items)); }
-  // Keys and values alternate: k0, v0, k1, v1, ...
+  // In this order (stored as k0, v0, k1, v1, ...).
   static PyValue dict(std::vector<std::pair<PyValue, PyValue>> entries) {
     PyValue p(Kind::kDict);
     for (auto& [k, v] : entries) {
