@@ -132,11 +132,11 @@ void resumes_at_another_tensor_parallel_size(const std::vector<std::string>& fla
   auto args = kTiny;
   args.at(11) = "30";  // --steps
   args.push_back("--log-losses");
-  args.insert(args.end(), flags.begin(), flags.end());
   const auto whole = run_gpt(cache.path, args);
   ASSERT_EQ(whole.exit_code, 0) << describe(whole);
 
   args.insert(args.end(), {"--checkpoint-dir", checkpoints.path, "--checkpoint-every", "10"});
+  args.insert(args.end(), flags.begin(), flags.end());
   auto first = args;
   first.insert(first.end(), {"--stop-after", "20"});
   const auto stopped = run_gpt(cache.path, first);
