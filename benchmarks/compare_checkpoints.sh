@@ -2,7 +2,7 @@
 # What a checkpoint every N steps costs the Fashion-MNIST trainer, cohort's
 # synchronous and asynchronous checkpoints (docs/checkpoints.md) against PyTorch 2's
 # dcp.save and dcp.async_save on the same network, data, batch, world and backend
-# (trainer_peer.py on the venv's torch, Gloo on the CPU), in one run (BENCHMARKS.md,
+# (trainer_peer.py on the venv's torch and its torchrun, Gloo on the CPU), in one run (BENCHMARKS.md,
 # issue 49). Each side runs without checkpoints, with synchronous ones and with
 # asynchronous ones, alternating, REPS times after a warm-up; each run starts from an
 # empty checkpoint directory. Per side and mode it prints the median of:
@@ -49,8 +49,10 @@ print(r["samples"] / (r["train_seconds"] + blocked), c.get("blocked_ms_median", 
   else
     [[ $mode != none ]] && args+=(--checkpoint-dir "$dir/ckpt" --checkpoint-every "$every" --checkpoint-mode "$mode")
     # shellcheck disable=SC2046
-    env $(malloc_env "$setting") "$cohort" run --nproc-per-node "$nproc" --local-ranks-filter 0 "${peer_conf[@]}" \
-      "$python" "$here/trainer_peer.py" "${args[@]}" | grep '{' | sed 's/^\[rank0\]: //' | /usr/bin/python3 -c '
+    # Under the venv's own torchrun, as compare_gpt.sh's peer: c10d's store protocol
+    # changed in 2.x, and the 1.13 tree's `cohort run` serves 1.13's.
+    env $(malloc_env "$setting") "$python" -m torch.distributed.run --standalone --nproc-per-node "$nproc" \
+      "$here/trainer_peer.py" "${args[@]}" 2>/dev/null | grep '{' | /usr/bin/python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())
 rss = r.get("rss_mb_end")
