@@ -251,7 +251,9 @@ TEST(AsyncCheckpointer, AFailedWriteIsRaisedOnEveryRankAndLeavesNothingWhole) {
     }
     world.group().barrier();
     // Nothing of step 2 is left; step 1 loads as it was saved.
-    if (world.rank() == 0) EXPECT_EQ(entries(temp.path), std::vector<std::string>{"step-000000001"});
+    if (world.rank() == 0) {
+      EXPECT_EQ(entries(temp.path), std::vector<std::string>{"step-000000001"});
+    }
     auto fresh = torch::nn::Sequential(torch::nn::Linear(256, 256));
     torch::optim::SGD fresh_opt(fresh->parameters(), 0.1);
     auto restored = ckpt.load_latest(*fresh, fresh_opt, torch::kCPU);
@@ -287,7 +289,9 @@ TEST(AsyncCheckpointer, AFailureBeforeTheManifestIsRaisedByWait) {
     } catch (const cohort::Error& e) {
       errors[static_cast<std::size_t>(world.rank())] = e.what();
     }
-    if (world.rank() == 0) EXPECT_FALSE(ckpt.write_failure().has_value());  // reported: taken by wait()
+    if (world.rank() == 0) {
+      EXPECT_FALSE(ckpt.write_failure().has_value());  // reported: taken by wait()
+    }
   });
   EXPECT_NE(errors[0].find("no space left (simulated)"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("rank 0"), std::string::npos) << errors[1];
