@@ -22,6 +22,16 @@
 #include "support/temp_dir.h"
 #include "support/thread_world.h"
 
+// AddressSanitizer keeps freed memory in a quarantine (256 MB by default), so the
+// process's resident memory says nothing about what the checkpointer holds there.
+#if defined(__SANITIZE_ADDRESS__)
+#define COHORT_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COHORT_UNDER_ASAN 1
+#endif
+#endif
+
 namespace fs = std::filesystem;
 using namespace cohort::checkpoint;
 using cohort::testing::run_thread_world;
@@ -315,7 +325,7 @@ TEST(AsyncCheckpointer, HostMemoryStaysBoundedOverThousandsOfCheckpoints) {
     }
   } temp;
   torch::manual_seed(5);
-  auto model = make_model(64);
+  auto model = make_model(256);  // 3,332 parameters: 40 KB of weights and moments
   torch::optim::Adam opt(model->parameters(), 1e-3);
   train_steps(model, opt, 1);
   constexpr int kSaves = 2000;
@@ -338,8 +348,14 @@ TEST(AsyncCheckpointer, HostMemoryStaysBoundedOverThousandsOfCheckpoints) {
     EXPECT_EQ(stats.written, kSaves);
     EXPECT_EQ(stats.host_allocations, allocations);
     EXPECT_EQ(stats.host_bytes, bytes);
-    // A leak of one checkpoint's state per save would be 2000 x 110 KB = 215 MB.
+#ifndef COHORT_UNDER_ASAN
+    // Keeping each save's copies (40 KB) would be 72 MB from save 200 to 2,000, and
+    // keeping its serialised files as much again.
+    // (Under ASan the buffer counts above carry the proof alone.)
     EXPECT_LT(rss_mb() - rss_early, 32.0) << "from " << rss_early << " MB";
+#else
+    (void)rss_early;
+#endif
     EXPECT_EQ(ckpt.steps_on_disk(), (std::vector<std::int64_t>{kSaves - 1, kSaves}));
   });
 }
