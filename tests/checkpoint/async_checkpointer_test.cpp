@@ -218,67 +218,69 @@ TEST(AsyncCheckpointer, OneWriteInFlightSkipOrWait) {
 // temporary directory, and the previous checkpoint still loads. Once there is room
 // again, saving works.
 TEST(AsyncCheckpointer, AFailedWriteIsRaisedOnEveryRankAndLeavesNothingWhole) {
-  TempDir temp("cohort-async");
-  torch::manual_seed(4);
-  auto reference = torch::nn::Sequential(torch::nn::Linear(256, 256));  // 257 KB of weights
-  std::vector<torch::Tensor> saved;
-  for (const auto& p : reference->parameters()) saved.push_back(p.detach().clone());
-  std::vector<std::string> errors(3);
-  rlimit before{};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
-  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
-  run_thread_world(3, [&](cohort::comm::World& world) {
-    auto model = torch::nn::Sequential(torch::nn::Linear(256, 256));
-    {
-      torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < saved.size(); ++i) model->parameters()[i].copy_(saved[i]);
-    }
-    torch::optim::SGD opt(model->parameters(), 0.1);
-    Checkpointer ckpt(temp.path, world.group(), CheckpointerOptions().asynchronous(true));
-    ckpt.save(*model, opt, {1, 0, 0, {}}, torch::kCPU);
-    ckpt.wait(torch::kCPU);
-    world.group().barrier();
-    if (world.rank() == 0) {
-      rlimit small = before;
-      small.rlim_cur = 64 * 1024;  // smaller than model.pt
-      ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-    }
-    world.group().barrier();
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : model->parameters()) p.add_(1);
-    }
-    ckpt.save(*model, opt, {2, 0, 0, {}}, torch::kCPU);  // starts; the thread fails
-    try {
-      ckpt.save(*model, opt, {3, 0, 0, {}}, torch::kCPU);
-      ADD_FAILURE() << "rank " << world.rank() << ": the failed write of step 2 was not raised";
-    } catch (const cohort::Error& e) {
-      errors[static_cast<std::size_t>(world.rank())] = e.what();
-    }
-    if (world.rank() == 0) {
-      EXPECT_EQ(ckpt.async_stats().failed, 1);
-      ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0);
-    }
-    world.group().barrier();
-    // Nothing of step 2 is left; step 1 loads as it was saved.
-    if (world.rank() == 0) {
-      EXPECT_EQ(entries(temp.path), std::vector<std::string>{"step-000000001"});
-    }
-    auto fresh = torch::nn::Sequential(torch::nn::Linear(256, 256));
-    torch::optim::SGD fresh_opt(fresh->parameters(), 0.1);
-    auto restored = ckpt.load_latest(*fresh, fresh_opt, torch::kCPU);
-    ASSERT_TRUE(restored.has_value());
-    EXPECT_EQ(restored->progress.step, 1);
-    for (std::size_t i = 0; i < saved.size(); ++i) EXPECT_TRUE(torch::equal(fresh->parameters()[i], saved[i]));
-    // With room again, the next save is written.
-    EXPECT_NE(ckpt.save(*model, opt, {3, 0, 0, {}}, torch::kCPU), "");
-    ckpt.wait(torch::kCPU);
-  });
-  std::signal(SIGXFSZ, old_handler);
-  EXPECT_NE(errors[0].find("step-000000002"), std::string::npos) << errors[0];
-  EXPECT_NE(errors[0].find("File too large"), std::string::npos) << errors[0];
-  for (int r = 1; r < 3; ++r) EXPECT_NE(errors[static_cast<std::size_t>(r)].find("rank 0"), std::string::npos) << errors[r];
-  EXPECT_EQ(entries(temp.path), (std::vector<std::string>{"step-000000001", "step-000000003"}));
+  for (const int world_size : {3, 8}) {  // at 8 too: no rank may wait out a timeout
+    TempDir temp("cohort-async");
+    torch::manual_seed(4);
+    auto reference = torch::nn::Sequential(torch::nn::Linear(256, 256));  // 257 KB of weights
+    std::vector<torch::Tensor> saved;
+    for (const auto& p : reference->parameters()) saved.push_back(p.detach().clone());
+    std::vector<std::string> errors(static_cast<std::size_t>(world_size));
+    rlimit before{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+    run_thread_world(world_size, [&](cohort::comm::World& world) {
+      auto model = torch::nn::Sequential(torch::nn::Linear(256, 256));
+      {
+        torch::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < saved.size(); ++i) model->parameters()[i].copy_(saved[i]);
+      }
+      torch::optim::SGD opt(model->parameters(), 0.1);
+      Checkpointer ckpt(temp.path, world.group(), CheckpointerOptions().asynchronous(true));
+      ckpt.save(*model, opt, {1, 0, 0, {}}, torch::kCPU);
+      ckpt.wait(torch::kCPU);
+      world.group().barrier();
+      if (world.rank() == 0) {
+        rlimit small = before;
+        small.rlim_cur = 64 * 1024;  // smaller than model.pt
+        ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+      }
+      world.group().barrier();
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.add_(1);
+      }
+      ckpt.save(*model, opt, {2, 0, 0, {}}, torch::kCPU);  // starts; the thread fails
+      try {
+        ckpt.save(*model, opt, {3, 0, 0, {}}, torch::kCPU);
+        ADD_FAILURE() << "rank " << world.rank() << ": the failed write of step 2 was not raised";
+      } catch (const cohort::Error& e) {
+        errors[static_cast<std::size_t>(world.rank())] = e.what();
+      }
+      if (world.rank() == 0) {
+        EXPECT_EQ(ckpt.async_stats().failed, 1);
+        ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0);
+      }
+      world.group().barrier();
+      // Nothing of step 2 is left; step 1 loads as it was saved.
+      if (world.rank() == 0) {
+        EXPECT_EQ(entries(temp.path), std::vector<std::string>{"step-000000001"});
+      }
+      auto fresh = torch::nn::Sequential(torch::nn::Linear(256, 256));
+      torch::optim::SGD fresh_opt(fresh->parameters(), 0.1);
+      auto restored = ckpt.load_latest(*fresh, fresh_opt, torch::kCPU);
+      ASSERT_TRUE(restored.has_value());
+      EXPECT_EQ(restored->progress.step, 1);
+      for (std::size_t i = 0; i < saved.size(); ++i) EXPECT_TRUE(torch::equal(fresh->parameters()[i], saved[i]));
+      // With room again, the next save is written.
+      EXPECT_NE(ckpt.save(*model, opt, {3, 0, 0, {}}, torch::kCPU), "");
+      ckpt.wait(torch::kCPU);
+    });
+    std::signal(SIGXFSZ, old_handler);
+    EXPECT_NE(errors[0].find("step-000000002"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("File too large"), std::string::npos) << errors[0];
+    for (int r = 1; r < world_size; ++r) EXPECT_NE(errors[static_cast<std::size_t>(r)].find("rank 0"), std::string::npos) << errors[r];
+    EXPECT_EQ(entries(temp.path), (std::vector<std::string>{"step-000000001", "step-000000003"}));
+  }
 }
 
 // A failure in the writer's own steps (here the test's hook, standing for any error
