@@ -21,6 +21,7 @@ inline cohort::checkpoint::CheckpointerOptions checkpointer_options(const Traine
   return cohort::checkpoint::CheckpointerOptions()
       .keep_last(o.keep_checkpoints)
       .asynchronous(o.checkpoint_async)
+      .format(o.checkpoint_format == "dcp" ? cohort::checkpoint::Format::kDcp : cohort::checkpoint::Format::kCohort)
       .when_busy(o.checkpoint_when_busy == "skip" ? cohort::checkpoint::WhenBusy::kSkip
                                                   : cohort::checkpoint::WhenBusy::kWait);
 }

@@ -38,6 +38,10 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--keep-checkpoints", o.keep_checkpoints, "How many checkpoints to keep")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--checkpoint-format", o.checkpoint_format,
+                 "cohort: model.pt, optimizer.pt; dcp: PyTorch's distributed checkpoint format, which "
+                 "torch.distributed.checkpoint.load reads (docs/checkpoints.md). Either loads")
+      ->check(CLI::IsMember({"cohort", "dcp"}));
   app.add_flag("--checkpoint-async", o.checkpoint_async,
                "Save checkpoints asynchronously: the step pays for a copy into host memory, a thread writes "
                "(docs/checkpoints.md)");
@@ -218,6 +222,12 @@ std::optional<TrainerOptions> parse_options(int argc, char** argv) {
   if (o.checkpoint_async && o.fault_tolerance)
     refuse("--checkpoint-async with --fault-tolerance: the fault-tolerant loop's checkpoints are synchronous "
            "for now; drop --checkpoint-async");
+  if (o.checkpoint_format != "cohort" && o.checkpoint_dir.empty())
+    refuse("--checkpoint-format " + o.checkpoint_format + " is the format of --checkpoint-dir's checkpoints, and "
+           "there is none; give --checkpoint-dir, or drop --checkpoint-format");
+  if (o.checkpoint_format == "dcp" && o.fault_tolerance)
+    refuse("--checkpoint-format dcp with --fault-tolerance: the fault-tolerant loop keeps its own checkpoints; "
+           "drop --checkpoint-format");
   if (o.checkpoint_when_busy != "wait" && !o.checkpoint_async)
     refuse("--checkpoint-when-busy " + o.checkpoint_when_busy + " applies to --checkpoint-async; add it, or drop "
            "--checkpoint-when-busy");

@@ -18,6 +18,7 @@ struct TrainerOptions {
   std::string checkpoint_dir;  // empty: no checkpoints, no resume
   std::int64_t checkpoint_every = 0;  // steps; 0: only at the end of each epoch
   int keep_checkpoints = 3;
+  std::string checkpoint_format = "cohort";  // cohort | dcp: PyTorch's distributed checkpoint format
   bool checkpoint_async = false;  // save() copies to host memory; a thread writes (docs/checkpoints.md)
   std::string checkpoint_when_busy = "wait";  // wait | skip: a save due while one is still being written
   std::string save_final;  // a Python-loadable state dict

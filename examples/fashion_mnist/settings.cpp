@@ -38,6 +38,7 @@ std::vector<cohort::comm::Setting> shared_settings(const TrainerOptions& o, std:
       {"--keep-checkpoints", text(o.keep_checkpoints)},
       {"--checkpoint-async", flag(o.checkpoint_async)},
       {"--checkpoint-when-busy", o.checkpoint_when_busy},
+      {"--checkpoint-format", o.checkpoint_format},
       {"--save-final (given)", flag(!o.save_final.empty())},
       {"--limit-train-batches", text(o.limit_train_batches)},
       {"--max-steps", text(o.max_steps)},

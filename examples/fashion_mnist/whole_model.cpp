@@ -47,7 +47,8 @@ std::unique_ptr<cohort::checkpoint::Checkpointer> WholeModel::checkpointer(const
   // gathered to rank 0, whose writer thread writes them (docs/checkpoints.md).
   return std::make_unique<cohort::checkpoint::Checkpointer>(
       o.checkpoint_dir, world_.group(),
-      checkpointer_options(o).shard_optimizer_state(o.zero > 0 && !o.checkpoint_async));
+      checkpointer_options(o).shard_optimizer_state(o.zero > 0 && !o.checkpoint_async &&
+                                                                   o.checkpoint_format != "dcp"));
 }
 
 std::optional<cohort::checkpoint::Restored> WholeModel::resume(cohort::checkpoint::Checkpointer& checkpointer,

@@ -31,6 +31,8 @@ Checkpoints::Checkpoints(const GptTrainerOptions& o, const cohort::comm::World& 
                     cohort::checkpoint::CheckpointerOptions()
                         .split_parameters(cohort::tensor_parallel::parameter_splits)
                         .asynchronous(o.checkpoint_async)
+                        .format(o.checkpoint_format == "dcp" ? cohort::checkpoint::Format::kDcp
+                                                             : cohort::checkpoint::Format::kCohort)
                         .when_busy(o.checkpoint_when_busy == "skip" ? cohort::checkpoint::WhenBusy::kSkip
                                                                     : cohort::checkpoint::WhenBusy::kWait)) {}
 

@@ -95,6 +95,10 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "Steps between checkpoints under --checkpoint-dir (0: only at the end); the last step is always saved")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-format", o.checkpoint_format,
+                 "cohort: model.pt, optimizer.pt; dcp: PyTorch's distributed checkpoint format, which "
+                 "torch.distributed.checkpoint.load reads (docs/checkpoints.md). Either loads")
+      ->check(CLI::IsMember({"cohort", "dcp"}));
   app.add_flag("--checkpoint-async", o.checkpoint_async,
                "Save checkpoints asynchronously: the step pays for a copy into host memory, a thread writes "
                "(docs/checkpoints.md)");
@@ -163,6 +167,9 @@ std::optional<GptTrainerOptions> parse_options(int argc, char** argv) {
   if (o.checkpoint_async && o.checkpoint_dir.empty())
     refuse("--checkpoint-async saves the checkpoints of --checkpoint-dir asynchronously, and there is none; give "
            "--checkpoint-dir, or drop --checkpoint-async");
+  if (o.checkpoint_format != "cohort" && o.checkpoint_dir.empty())
+    refuse("--checkpoint-format " + o.checkpoint_format + " is the format of --checkpoint-dir's checkpoints, and "
+           "there is none; give --checkpoint-dir, or drop --checkpoint-format");
   if (o.checkpoint_when_busy != "wait" && !o.checkpoint_async)
     refuse("--checkpoint-when-busy " + o.checkpoint_when_busy + " applies to --checkpoint-async; add it, or drop "
            "--checkpoint-when-busy");

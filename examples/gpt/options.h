@@ -55,6 +55,7 @@ struct GptTrainerOptions {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 100;  // steps; 0: only the last (and --stop-after's)
   std::int64_t stop_after = 0;          // >0: save and exit after this step (for tests)
+  std::string checkpoint_format = "cohort";  // cohort | dcp: PyTorch's distributed checkpoint format
   bool checkpoint_async = false;        // a writer thread writes them (docs/checkpoints.md)
   std::string checkpoint_when_busy = "wait";  // wait | skip: a save due while one is in flight
   double log_interval_s = 10.0;  // seconds between progress lines

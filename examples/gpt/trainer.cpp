@@ -136,6 +136,7 @@ std::vector<cohort::comm::Setting> shared_settings(const GptTrainerOptions& o) {
       {"--checkpoint-every", text(o.checkpoint_every)},
       {"--checkpoint-async", flag(o.checkpoint_async)},
       {"--checkpoint-when-busy", o.checkpoint_when_busy},
+      {"--checkpoint-format", o.checkpoint_format},
       {"--stop-after", text(o.stop_after)},
   };
 }

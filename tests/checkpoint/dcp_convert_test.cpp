@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cohort/checkpoint/checkpointer.h"
 #include "cohort/checkpoint/dcp/pickle_value.h"
@@ -196,6 +197,97 @@ TEST(DcpConvert, PyTorchLoadsAShardedCheckpoint) {
   auto r = Cli().run({"convert", ckpt, out, "--to", "dcp", "--optimizer", "adam"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   expect_pytorch_loads(ckpt, out, "adam", {}, "ok: world 1: 4 model tensors and 12 optimizer fields");
+}
+
+namespace {
+
+cohort::testing::ProcessResult python_resume(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{COHORT_DCP_PYTHON_PATH, COHORT_DCP_RESUME_CHECK_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, 300s);
+}
+
+cohort::testing::ProcessResult cohort_resume(int nproc, const std::vector<std::string>& args) {
+  std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", std::to_string(nproc), "--stop-timeout",
+                                "3", COHORT_DCP_RESUME_WORKER_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, 300s, {{"COHORT_TIMEOUT", "60"}});
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// Every entry of `expected` that `got` has, within `tolerance`; keys starting with
+// `skip` are not compared.
+void expect_close(const nlohmann::json& got, const nlohmann::json& expected, double tolerance,
+                  const std::string& skip = "") {
+  EXPECT_EQ(got.at("step"), expected.at("step"));
+  std::size_t compared = 0;
+  for (const auto& [key, value] : expected.items()) {
+    if (!value.is_array() || (!skip.empty() && key.rfind(skip, 0) == 0)) continue;
+    ASSERT_TRUE(got.contains(key)) << key;
+    const auto& mine = got.at(key);
+    ASSERT_EQ(mine.size(), value.size()) << key;
+    double worst = 0;
+    for (std::size_t i = 0; i < value.size(); ++i)
+      worst = std::max(worst, std::abs(mine[i].get<double>() - value[i].get<double>()));
+    EXPECT_LE(worst, tolerance) << key;
+    ++compared;
+  }
+  EXPECT_GE(compared, skip.empty() ? 12u : 4u);
+}
+
+}  // namespace
+
+// PyTorch trains 5 steps under FSDP2 at world 2 and saves with dcp.save, as torchtitan
+// does (step-5/.metadata). cohort resumes it at world 3, under DDP and under ZeRO-1,
+// and trains 4 more steps; PyTorch resumes the same checkpoint at world 3 under FSDP2
+// and trains the same 4: the weights and Adam's moments agree (float32 sums in
+// another order: 1e-6).
+TEST(DcpResume, APyTorchFsdpCheckpointResumesInCohortAtAnotherWorldSizeAsInPyTorch) {
+  TempDir temp("cohort-dcp-resume");
+  const std::string ckpt = temp.path + "/ckpt";
+  auto saved = python_resume({"save", ckpt, "--world", "2", "--steps", "5", "--fsdp"});
+  ASSERT_EQ(saved.exit_code, 0) << describe(saved);
+  auto pytorch = python_resume({"resume", ckpt + "/step-5", temp.path + "/pytorch.json", "--world", "3", "--steps",
+                                "4", "--fsdp"});
+  ASSERT_EQ(pytorch.exit_code, 0) << describe(pytorch);
+  auto ddp = cohort_resume(3, {ckpt, "4", temp.path + "/cohort.json"});
+  ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
+  EXPECT_NE(ddp.err.find("holds no random generator states"), std::string::npos) << describe(ddp);
+  auto zero = cohort_resume(3, {ckpt, "4", temp.path + "/zero.json", "--zero"});
+  ASSERT_EQ(zero.exit_code, 0) << describe(zero);
+  const auto expected = read_json(temp.path + "/pytorch.json");
+  EXPECT_EQ(expected.at("step"), 9);
+  expect_close(read_json(temp.path + "/cohort.json"), expected, 1e-6);
+  expect_close(read_json(temp.path + "/zero.json"), expected, 1e-6, "optim.");
+}
+
+// The other way: cohort resumes PyTorch's DDP checkpoint at world 2, trains 3 steps
+// and saves with Format::kDcp; PyTorch's dcp.load reads that step-N directory at world
+// 1 and, resharded onto FSDP2, at world 3: cohort's weights and Adam state, bit for bit.
+TEST(DcpResume, CohortsOwnFormatDcpCheckpointLoadsInPyTorchAtWorldOneAndThree) {
+  TempDir temp("cohort-dcp-resume");
+  const std::string ckpt = temp.path + "/ckpt", out = temp.path + "/out";
+  auto saved = python_resume({"save", ckpt, "--world", "2", "--steps", "2"});
+  ASSERT_EQ(saved.exit_code, 0) << describe(saved);
+  auto trained = cohort_resume(2, {ckpt, "3", temp.path + "/cohort.json", "--save-dcp", out});
+  ASSERT_EQ(trained.exit_code, 0) << describe(trained);
+  const auto cohort = read_json(temp.path + "/cohort.json");
+  std::string step_dir;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("step-", 0) == 0) step_dir = e.path().string();
+  ASSERT_TRUE(fs::exists(step_dir + "/.metadata")) << step_dir;
+  for (const std::vector<std::string> world : {std::vector<std::string>{"--world", "1"},
+                                               std::vector<std::string>{"--world", "3", "--fsdp"}}) {
+    std::vector<std::string> args{"resume", step_dir, temp.path + "/back.json", "--steps", "0"};
+    args.insert(args.end(), world.begin(), world.end());
+    auto back = python_resume(args);
+    ASSERT_EQ(back.exit_code, 0) << describe(back);
+    expect_close(read_json(temp.path + "/back.json"), cohort, 0.0);
+  }
 }
 
 #endif

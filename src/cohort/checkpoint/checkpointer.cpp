@@ -53,6 +53,16 @@ Checkpointer::Checkpointer(std::string directory, comm::Group group, Checkpointe
                       "shard_optimizer_state off (the state is gathered to rank 0, which writes it "
                       "asynchronously), or save synchronously");
   }
+  if (options_.format() == Format::kDcp && options_.shard_optimizer_state()) {
+    throw ConfigError("CheckpointerOptions: format(Format::kDcp) with shard_optimizer_state(true) is not supported "
+                      "yet: a checkpoint in PyTorch's format is written by rank 0 with every tensor whole. Leave "
+                      "shard_optimizer_state off (the state is gathered to rank 0), or keep Format::kCohort");
+  }
+  if (!options_.dcp_optimizer().empty() && options_.dcp_optimizer() != "adam" && options_.dcp_optimizer() != "adamw" &&
+      options_.dcp_optimizer() != "sgd") {
+    throw ConfigError(fmt::format("CheckpointerOptions::dcp_optimizer is '{}'; give adam, adamw or sgd",
+                                  options_.dcp_optimizer()));
+  }
   if (options_.asynchronous()) async_ = std::make_unique<AsyncSave>();
 }
 
@@ -95,7 +105,14 @@ void Checkpointer::wait(c10::Device device) {
 }
 
 std::string Checkpointer::path_of(std::int64_t step) const {
-  return fmt::format("{}/{}{:09d}", directory_, kStepPrefix, step);
+  std::string padded = fmt::format("{}/{}{:09d}", directory_, kStepPrefix, step);
+  // PyTorch's step-N directories (torchtitan's layout) are not padded.
+  std::error_code ec;
+  if (!fs::exists(padded, ec)) {
+    std::string plain = fmt::format("{}/{}{}", directory_, kStepPrefix, step);
+    if (fs::exists(plain, ec)) return plain;
+  }
+  return padded;
 }
 
 void Checkpointer::warn(const std::string& message) const {
@@ -223,7 +240,8 @@ std::optional<std::int64_t> Checkpointer::newest_good_step(std::optional<std::in
       continue;
     }
     try {
-      verify_checkpoint(path_of(*it), *it);
+      if (is_foreign_dcp(path_of(*it))) verify_foreign_dcp(path_of(*it));  // PyTorch's dcp.save wrote it
+      else verify_checkpoint(path_of(*it), *it);
       if (it != steps.rbegin()) {
         warn(fmt::format("falling back to the checkpoint {}", path_of(*it)));
       }

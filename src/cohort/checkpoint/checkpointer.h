@@ -19,6 +19,10 @@
 //   optimizer.pt   LibTorch's serialized optimizer state;
 //   trainer.pt     step, epoch, sampler state and each rank's generator states;
 //   MANIFEST.json  the size and CRC-32 of each file, written last.
+// With format(Format::kDcp), .metadata and __0_0.distcp replace model.pt and
+// optimizer.pt: PyTorch's dcp.load reads the directory. load_latest reads both kinds,
+// and a `step-<step>` directory that PyTorch's dcp.save wrote (torchtitan's layout),
+// resharded to this run's world size and layout (dcp/reader.h).
 // With shard_optimizer_state(true) and an optimizer that is spread over the ranks
 // (zero::ShardedOptimizer), optimizer.pt is replaced by one file per rank,
 //   optimizer-shard-<k>-of-<n>.pt   the state of the parameters rank k owns,
@@ -77,6 +81,14 @@ struct AsyncStats {
   double last_write_s = 0;      // how long the writer took for the last finished write
 };
 
+// What a checkpoint directory holds (Note [Checkpoints in PyTorch's format] in
+// checkpointer_dcp.cpp). Loading reads either, and PyTorch's own: no option needed.
+enum class Format {
+  kCohort,  // model.pt (torch.load reads it), optimizer.pt (LibTorch's), trainer.pt
+  kDcp,     // PyTorch's distributed checkpoint (.metadata, __0_0.distcp), which
+            // torch.distributed.checkpoint.load reads at any world size, and trainer.pt
+};
+
 struct CheckpointerOptions {
   // How many checkpoints to keep; older ones are removed after each save.
   TORCH_ARG(int, keep_last) = 3;
@@ -102,6 +114,15 @@ struct CheckpointerOptions {
   TORCH_ARG(bool, asynchronous) = false;
   // With asynchronous(true): what a save() does while the previous one is in flight.
   TORCH_ARG(WhenBusy, when_busy) = WhenBusy::kWait;
+  // Format::kDcp: the step-N directory is also a PyTorch distributed checkpoint of
+  // {"model", "optim", "train": {"step", "epoch"}} as get_state_dict names them
+  // (docs/checkpoints.md#pytorchs-distributed-checkpoints), checked by the manifest as
+  // ever. Not with shard_optimizer_state (refused with a ConfigError).
+  TORCH_ARG(Format, format) = Format::kCohort;
+  // With Format::kDcp: which PyTorch optimizer the state is written for (adam, adamw,
+  // sgd). Empty: from the optimizer's C++ type; an optimizer that does not say (a
+  // ZeRO one) is written as adam, or sgd, from its options.
+  TORCH_ARG(std::string, dcp_optimizer) = "";
   // For tests: called by the writer thread with the temporary directory once its
   // files are written, before the manifest; what it throws fails that write.
   TORCH_ARG(std::function<void(const std::string&)>, before_manifest) = nullptr;
@@ -176,12 +197,14 @@ class Checkpointer {
              const std::vector<std::string>& contents) const;
   // model_part and optimizer_part return what makes the file's bytes: at once when
   // saving synchronously, on the writer thread from host copies otherwise.
+  // `dcp_kind`: with Format::kDcp, the PyTorch optimizer it is written for.
   using Part = std::function<std::function<std::string()>()>;
   std::string save_whole(const TrainingProgress& progress, c10::Device device, const Part& model_part,
-                         const Part& optimizer_part, const std::vector<std::vector<at::Tensor>>& rng);
+                         const Part& optimizer_part, const std::vector<std::vector<at::Tensor>>& rng,
+                         const std::string& dcp_kind);
   std::string save_split(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                          const TrainingProgress& progress, c10::Device device,
-                         const std::vector<std::vector<at::Tensor>>& rng);
+                         const std::vector<std::vector<at::Tensor>>& rng, const std::string& dcp_kind);
   std::string save_sharded(const torch::nn::Module& model, const SavesStateInShards& optimizer,
                            const TrainingProgress& progress, c10::Device device,
                            const std::vector<std::vector<at::Tensor>>& rng);

@@ -3,6 +3,7 @@
 #include "cohort/checkpoint/checkpointer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/serialize.h>
 #include <torch/serialize/input-archive.h>
 
@@ -111,11 +112,29 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
   std::string model_bytes, optimizer_file;
   TrainerState trainer;
   std::string error;
+  bool in_dcp = false;  // Note [Checkpoints in PyTorch's format]
+  std::vector<std::string> ignored;
   try {
-    manifest = read_manifest(path, step);
-    model_bytes = read_listed(path, manifest, "model.pt");
-    trainer = decode_trainer_state(read_listed(path, manifest, "trainer.pt"), path + "/trainer.pt");
-    if (!manifest.shards) optimizer_file = read_listed(path, manifest, "optimizer.pt");
+    const bool foreign = is_foreign_dcp(path);
+    if (!foreign) manifest = read_manifest(path, step);
+    in_dcp = foreign || manifest.files.count(".metadata") != 0;
+    if (in_dcp) {
+      auto dcp = read_dcp_checkpoint(path, foreign ? nullptr : &manifest, step);
+      model_bytes = std::move(dcp.model);
+      optimizer_file = std::move(dcp.optimizer);
+      trainer = std::move(dcp.trainer);
+      ignored = std::move(dcp.ignored);
+    } else {
+      model_bytes = read_listed(path, manifest, "model.pt");
+      trainer = decode_trainer_state(read_listed(path, manifest, "trainer.pt"), path + "/trainer.pt");
+      if (!manifest.shards) optimizer_file = read_listed(path, manifest, "optimizer.pt");
+    }
+  } catch (const ConfigError& e) {
+    error = e.what();  // the same on every rank (each reads the same files)
+    if (in_dcp) {
+      any_rank(group_, true, device);
+      throw;
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -142,9 +161,16 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
                                     path));
     splits = options_.split_parameters()(model);
   }
+  if (group_.rank() == 0 && !ignored.empty())
+    warn(fmt::format("{}: not loaded, as cohort has no use for them: {}", path, fmt::join(ignored, ", ")));
+  const bool no_optimizer = in_dcp && optimizer_file.empty();
+  if (no_optimizer && group_.rank() == 0)
+    warn(fmt::format("{} holds no optimizer state: the optimizer keeps its own", path));
   const auto checked_model = splits.empty() ? check_state_dict(model, model_bytes, path + "/model.pt")
                                             : check_split_state_dict(model, model_bytes, path + "/model.pt", splits);
-  if (!splits.empty()) {
+  if (no_optimizer) {
+    // the model alone (a checkpoint for fine-tuning)
+  } else if (!splits.empty()) {
     load_split_optimizer(optimizer, model, optimizer_file, path + "/optimizer.pt", device, splits);
   } else if (manifest.shards) {
     // Ranks read different shards, so one may fail alone: all answer together.
@@ -175,7 +201,12 @@ std::optional<Restored> Checkpointer::load_latest(torch::nn::Module& model,
 
   Restored restored{trainer.progress, path, false};
   const std::size_t generators = capture_rng_state(device).size();
-  if (static_cast<int>(trainer.rng.size()) != group_.size()) {
+  if (trainer.rng.empty()) {
+    if (group_.rank() == 0)
+      warn(fmt::format("{} was written by PyTorch and holds no random generator states: they keep their fresh "
+                       "state",
+                       path));
+  } else if (static_cast<int>(trainer.rng.size()) != group_.size()) {
     if (group_.rank() == 0) {
       warn(fmt::format("{} was saved by {} ranks and is loaded by {}: the random generators keep "
                        "their fresh state",

@@ -29,7 +29,6 @@ namespace fs = std::filesystem;
 namespace cohort::checkpoint {
 namespace {
 
-const std::vector<std::string> kFiles = {"model.pt", "optimizer.pt", "trainer.pt"};  // a whole checkpoint
 
 // What rank 0's save came to; every rank learns it (max_over_ranks).
 enum SaveOutcome : std::int64_t { kSaved = 0, kWriteFailed = 1, kRefused = 2, kEarlierWriteFailed = 3, kSkipped = 4 };
@@ -90,7 +89,9 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
     const auto parts = group_.all_gather(state.to(device));
     for (std::size_t r = 0; r < parts.size(); ++r) rng[r].push_back(parts[r].cpu());
   }
-  if (options_.split_parameters()) return save_split(model, optimizer, progress, device, rng);
+  const std::string dcp_kind =
+      options_.format() == Format::kDcp ? dcp_kind_of(optimizer, options_.dcp_optimizer()) : std::string();
+  if (options_.split_parameters()) return save_split(model, optimizer, progress, device, rng, dcp_kind);
   if (options_.shard_optimizer_state()) {
     // The same answer on every rank: each has the same kind of optimizer.
     const auto* sharded = dynamic_cast<const SavesStateInShards*>(&optimizer);
@@ -118,7 +119,7 @@ std::string Checkpointer::save(const torch::nn::Module& model, const torch::opti
         if (async_) return optimizer_copy(optimizer, async_->copies(), spread == nullptr, optimizer_bytes);
         return [&] { return optimizer_bytes(optimizer); };
       },
-      rng);
+      rng, dcp_kind);
 }
 
 // Rank 0 says whether an asynchronous save goes ahead (Note [Asynchronous
@@ -157,8 +158,16 @@ bool Checkpointer::admit_asynchronous_save(std::int64_t step, c10::Device device
 
 // Rank 0 writes model.pt, optimizer.pt and trainer.pt into step-N.
 std::string Checkpointer::save_whole(const TrainingProgress& progress, c10::Device device, const Part& model_part,
-                                     const Part& optimizer_part, const std::vector<std::vector<at::Tensor>>& rng) {
+                                     const Part& optimizer_part, const std::vector<std::vector<at::Tensor>>& rng,
+                                     const std::string& dcp_kind) {
   const std::string path = path_of(progress.step);
+  const auto& files = whole_files(options_.format());
+  // Note [Checkpoints in PyTorch's format]: made from the bytes of cohort's own files.
+  auto contents = [format = options_.format(), step = progress.step, epoch = progress.epoch, dcp_kind, path](
+                      std::string model, std::string optimizer, std::string trainer) -> std::vector<std::string> {
+    if (format == Format::kDcp) return as_dcp_contents(model, optimizer, trainer, step, epoch, dcp_kind, path);
+    return {std::move(model), std::move(optimizer), std::move(trainer)};
+  };
   std::string error;
   SaveOutcome outcome = kSaved;
   if (group_.rank() == 0) {
@@ -175,9 +184,10 @@ std::string Checkpointer::save_whole(const TrainingProgress& progress, c10::Devi
       auto ready = copies.end();
       async_->start(
           path,
-          [this, path, model = std::move(model), optimizer = std::move(optimizer), trainer = std::move(trainer)] {
+          [this, path, &files, contents, model = std::move(model), optimizer = std::move(optimizer),
+           trainer = std::move(trainer)] {
             try {
-              write(path, kFiles, {model(), optimizer(), trainer});
+              write(path, files, contents(model(), optimizer(), trainer));
             } catch (...) {
               std::error_code ignored;  // a full disk gets its space back
               fs::remove_all(temp_name(path, ::getpid()), ignored);
@@ -192,9 +202,7 @@ std::string Checkpointer::save_whole(const TrainingProgress& progress, c10::Devi
     }
   } else if (group_.rank() == 0 && outcome == kSaved) {
     try {
-      const std::vector<std::string> contents = {model_part()(), optimizer_part()(),
-                                                 encode_trainer_state(progress, rng)};
-      write(path, kFiles, contents);
+      write(path, files, contents(model_part()(), optimizer_part()(), encode_trainer_state(progress, rng)));
     } catch (const std::exception& e) {
       error = e.what();
       outcome = kWriteFailed;
@@ -210,7 +218,7 @@ std::string Checkpointer::save_whole(const TrainingProgress& progress, c10::Devi
 // optimizer state; the other TP groups, DP replicas of it, have nothing to do.
 std::string Checkpointer::save_split(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                                      const TrainingProgress& progress, c10::Device device,
-                                     const std::vector<std::vector<at::Tensor>>& rng) {
+                                     const std::vector<std::vector<at::Tensor>>& rng, const std::string& dcp_kind) {
   if (options_.shard_optimizer_state() || dynamic_cast<const GathersStateForSave*>(&optimizer) != nullptr ||
       dynamic_cast<const SavesStateInShards*>(&optimizer) != nullptr)
     throw ConfigError("CheckpointerOptions::split_parameters (a tensor-parallel model) with a ZeRO optimizer "
@@ -262,7 +270,7 @@ std::string Checkpointer::save_split(const torch::nn::Module& model, const torch
         if (async_) return optimizer_copy(optimizer, async_->copies(), true, optimizer_bytes);
         return [&] { return optimizer_bytes(optimizer); };
       },
-      rng);
+      rng, dcp_kind);
 }
 
 // Note [Sharded checkpoints]

@@ -191,6 +191,33 @@ GenericDict consolidated_state(const std::string& source, std::ostream& log, Con
   return result;
 }
 
+GenericDict whole_state(const std::string& model_bytes, const std::string& optimizer_bytes, std::int64_t step,
+                        std::int64_t epoch, const std::string& source) {
+  GenericDict result(c10::StringType::get(), c10::AnyType::get());
+  result.insert("model", torch_load_bytes(model_bytes, source + "/model.pt"));
+  result.insert("step", step);
+  result.insert("epoch", epoch);
+  const auto file = read_optimizer_file(optimizer_bytes, source + "/optimizer.pt");
+  GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  c10::impl::GenericList groups(c10::AnyType::get());
+  std::int64_t next = 0;  // parameter i of the optimizer, over its groups in order
+  for (std::size_t g = 0; g < file.groups.size(); ++g) {
+    auto group = file.options[g].copy();
+    c10::impl::GenericList params(c10::AnyType::get());
+    for (const auto& key : file.groups[g]) {
+      if (auto it = file.state.find(key); it != file.state.end()) state.insert(next, it->value());
+      params.push_back(c10::IValue(next++));
+    }
+    group.insert("params", params);
+    groups.push_back(group);
+  }
+  GenericDict optimizer(c10::StringType::get(), c10::AnyType::get());
+  optimizer.insert("state", state);
+  optimizer.insert("param_groups", groups);
+  result.insert("optimizer", optimizer);
+  return result;
+}
+
 Consolidated consolidate_checkpoint(const std::string& source, const std::string& out, std::ostream& log) {
   Consolidated report;
   const auto result = consolidated_state(source, log, report);

@@ -3,6 +3,7 @@
 // (dcp/convert.cpp). Internal: not installed.
 #include <ATen/core/Dict.h>
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 
@@ -17,5 +18,10 @@ using GenericDict = c10::impl::GenericDict;
 // `report` but for bytes. Floats are 0-d float64 tensors there (Note [No floats for
 // Python 1.13]).
 GenericDict consolidated_state(const std::string& source, std::ostream& log, Consolidated& report);
+
+// The same of a whole checkpoint's model.pt and optimizer.pt in memory (`source`
+// names them in errors): what Format::kDcp writes.
+GenericDict whole_state(const std::string& model_bytes, const std::string& optimizer_bytes, std::int64_t step,
+                        std::int64_t epoch, const std::string& source);
 
 }  // namespace cohort::checkpoint

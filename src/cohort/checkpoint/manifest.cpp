@@ -181,7 +181,11 @@ std::string read_listed(const std::string& path, const Manifest& manifest, const
 Manifest verify_checkpoint(const std::string& path, std::optional<std::int64_t> step) {
   const auto manifest = read_manifest(path, step);
   std::vector<std::string> needed = {"model.pt", "trainer.pt"};
-  if (manifest.shards)
+  if (manifest.files.count(".metadata") != 0) {
+    // In PyTorch's format (Note [Checkpoints in PyTorch's format]): all of its files.
+    needed.clear();
+    for (const auto& [name, entry] : manifest.files) needed.push_back(name);
+  } else if (manifest.shards)
     needed.insert(needed.end(), manifest.shards->files.begin(), manifest.shards->files.end());
   else
     needed.push_back("optimizer.pt");

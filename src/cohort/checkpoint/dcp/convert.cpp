@@ -54,12 +54,8 @@ std::string kind_of(const GenericDict& options, const std::string& given) {
 
 }  // namespace
 
-Converted convert_to_dcp(const std::string& source, const std::string& out, const std::string& optimizer,
-                         std::ostream& log) {
-  if (!optimizer.empty() && optimizer != "adam" && optimizer != "adamw" && optimizer != "sgd")
-    throw ConfigError(fmt::format("--optimizer {}: give adam, adamw or sgd", optimizer));
-  Converted converted;
-  const auto state = consolidated_state(source, log, converted.source);
+std::vector<Entry> entries_of_state(const GenericDict& state, const std::string& optimizer, const std::string& source,
+                                    std::string& chosen) {
   std::vector<Entry> entries;
   std::vector<std::string> names;  // the model's entries in order: parameter i is names[i]
   for (const auto& item : state.at("model").toGenericDict()) {
@@ -71,37 +67,36 @@ Converted convert_to_dcp(const std::string& source, const std::string& out, cons
   std::int64_t g = 0;
   for (const auto& group_value : groups) {
     const auto group = group_value.get().toGenericDict();
-    if (g == 0) converted.optimizer = kind_of(group, optimizer);
+    if (g == 0) chosen = kind_of(group, optimizer);
     const std::string prefix = fmt::format("optim.param_groups.{}.", g);
-    std::vector<c10::IValue> params;
+    std::vector<std::string> params;
     for (const auto& item : group) {
       const std::string option = item.key().toStringRef();
       if (option == "params") {
         for (const auto& index : item.value().toList()) {
           const auto i = index.get().toInt();
           if (i < 0 || i >= static_cast<std::int64_t>(names.size()))
-            throw DataError(fmt::format("{}: the optimizer's parameter {} is not among the model's {} entries",
-                                        converted.source.checkpoint, i, names.size()));
-          params.emplace_back(names[static_cast<std::size_t>(i)]);
+            throw DataError(fmt::format("{}: the optimizer's parameter {} is not among the model's {} entries", source,
+                                        i, names.size()));
+          params.push_back(names[static_cast<std::size_t>(i)]);
         }
         continue;
       }
       entries.push_back({prefix + option, {"optim", "param_groups", g, option}, as_python(item.value())});
     }
-    for (const auto& [option, value] : pytorch_only_options(converted.optimizer))
+    for (const auto& [option, value] : pytorch_only_options(chosen))
       if (!group.contains(option)) entries.push_back({prefix + option, {"optim", "param_groups", g, option}, value});
-    entries.push_back({prefix + "params", {"optim", "param_groups", g, "params"}, c10::List<std::string>([&] {
-                         std::vector<std::string> v;
-                         for (const auto& p : params) v.push_back(p.toStringRef());
-                         return v;
-                       }())});
+    entries.push_back({prefix + "params", {"optim", "param_groups", g, "params"}, c10::List<std::string>(params)});
     ++g;
   }
   // Sorted by parameter, as PyTorch's state_dict lists them.
   std::map<std::int64_t, GenericDict> by_index;
   for (const auto& item : optim.at("state").toGenericDict()) by_index.emplace(item.key().toInt(), item.value().toGenericDict());
   for (const auto& [index, fields] : by_index) {
-    const std::string& name = names.at(static_cast<std::size_t>(index));
+    if (index < 0 || index >= static_cast<std::int64_t>(names.size()))
+      throw DataError(fmt::format("{}: the optimizer has a state for parameter {}, and the model {} entries", source,
+                                  index, names.size()));
+    const std::string& name = names[static_cast<std::size_t>(index)];
     for (const auto& field : fields) {
       const std::string key = field.key().toStringRef();
       c10::IValue value = field.value();
@@ -112,7 +107,17 @@ Converted convert_to_dcp(const std::string& source, const std::string& out, cons
   }
   entries.push_back({"train.step", {"train", "step"}, state.at("step")});
   entries.push_back({"train.epoch", {"train", "epoch"}, state.at("epoch")});
-  converted.written = write_checkpoint(out, entries);
+  return entries;
+}
+
+Converted convert_to_dcp(const std::string& source, const std::string& out, const std::string& optimizer,
+                         std::ostream& log) {
+  if (!optimizer.empty() && optimizer != "adam" && optimizer != "adamw" && optimizer != "sgd")
+    throw ConfigError(fmt::format("--optimizer {}: give adam, adamw or sgd", optimizer));
+  Converted converted;
+  const auto state = consolidated_state(source, log, converted.source);
+  converted.written =
+      write_checkpoint(out, entries_of_state(state, optimizer, converted.source.checkpoint, converted.optimizer));
   return converted;
 }
 

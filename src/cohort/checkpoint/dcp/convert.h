@@ -14,6 +14,8 @@
 //
 // Parameter i of the optimizer is the model's i-th entry, as cohort saves them
 // (parameters before buffers). docs/checkpoints.md#pytorchs-distributed-checkpoints.
+#include <ATen/core/Dict.h>
+
 #include <ostream>
 #include <string>
 
@@ -35,5 +37,11 @@ struct Converted {
 // written then.
 Converted convert_to_dcp(const std::string& source, const std::string& out, const std::string& optimizer,
                          std::ostream& log);
+
+// The entries convert_to_dcp writes, of a consolidated state ({"model", "optimizer",
+// "step", "epoch"}: consolidate_internal.h); `optimizer` as above, the kind taken is
+// put in `chosen`. Format::kDcp writes these too.
+std::vector<Entry> entries_of_state(const c10::impl::GenericDict& state, const std::string& optimizer,
+                                    const std::string& source, std::string& chosen);
 
 }  // namespace cohort::checkpoint::dcp

@@ -18,7 +18,6 @@ namespace {
 
 constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
 constexpr const char* kFilesystemModule = "torch.distributed.checkpoint.filesystem";
-constexpr const char* kDataFile = "__0_0.distcp";
 
 std::string dtype_name(at::ScalarType type) {
   switch (type) {
@@ -90,10 +89,7 @@ void check_plain(const c10::IValue& v, const std::string& key) {
 
 }  // namespace
 
-Written write_checkpoint(const std::string& out, const std::vector<Entry>& entries) {
-  std::error_code ec;
-  if (fs::exists(out, ec))
-    throw ConfigError(fmt::format("{} exists; a distributed checkpoint is written into a new directory", out));
+Encoded encode_checkpoint(const std::vector<Entry>& entries) {
   std::set<std::string> seen;
   for (const auto& e : entries)
     if (!seen.insert(e.key).second) throw ConfigError(fmt::format("the key '{}' is given twice", e.key));
@@ -137,7 +133,7 @@ Written write_checkpoint(const std::string& out, const std::vector<Entry>& entri
       ++written.tensors;
     }
   }
-  const auto metadata = PyValue::object(
+  const auto root = PyValue::object(
       kMetadataModule, "Metadata",
       {PyValue::dict({{PyValue::string("state_dict_metadata"), PyValue::dict(std::move(state_dict_metadata))},
                       {PyValue::string("planner_data"), PyValue::dict(std::move(planner_data))},
@@ -145,6 +141,15 @@ Written write_checkpoint(const std::string& out, const std::vector<Entry>& entri
                       {PyValue::string("storage_meta"), PyValue::none()},
                       {PyValue::string("version"), PyValue::string("1.0.0")}})});
 
+  written.bytes = data.size();
+  return {std::move(data), root.pickle(), written};
+}
+
+Written write_checkpoint(const std::string& out, const std::vector<Entry>& entries) {
+  std::error_code ec;
+  if (fs::exists(out, ec))
+    throw ConfigError(fmt::format("{} exists; a distributed checkpoint is written into a new directory", out));
+  const Encoded encoded = encode_checkpoint(entries);
   // Note [Atomic replace], for a directory: written whole under a temporary name,
   // then renamed into place; .metadata last, as dcp.save does.
   const fs::path target = fs::absolute(out).lexically_normal();
@@ -156,8 +161,8 @@ Written write_checkpoint(const std::string& out, const std::vector<Entry>& entri
     fs::create_directories(parent);
     fs::remove_all(temp);
     fs::create_directory(temp);
-    write_file_durably(temp + "/" + kDataFile, data);
-    write_file_durably(temp + "/.metadata", metadata.pickle());
+    write_file_durably(temp + "/" + kDataFile, encoded.data);
+    write_file_durably(temp + "/" + kMetadataFile, encoded.metadata);
     fsync_directory(temp);
     fs::rename(temp, target);
     fsync_directory(parent);
@@ -165,8 +170,7 @@ Written write_checkpoint(const std::string& out, const std::vector<Entry>& entri
     fs::remove_all(temp, ec);
     throw Error(fmt::format("could not write the distributed checkpoint {}: {}", out, e.what()));
   }
-  written.bytes = data.size();
-  return written;
+  return encoded.written;
 }
 
 }  // namespace cohort::checkpoint::dcp

@@ -27,6 +27,19 @@ struct Written {
   std::uint64_t bytes = 0;  // of the data file
 };
 
+inline constexpr const char* kDataFile = "__0_0.distcp";
+inline constexpr const char* kMetadataFile = ".metadata";
+
+struct Encoded {
+  std::string data;      // kDataFile's bytes
+  std::string metadata;  // kMetadataFile's bytes
+  Written written;
+};
+
+// The checkpoint's two files, in memory. Throws cohort::ConfigError for a key given
+// twice or a value DCP cannot hold.
+Encoded encode_checkpoint(const std::vector<Entry>& entries);
+
 // Writes `entries` into the directory `out`, which must not exist yet; the
 // directory appears whole or not at all (written under a temporary name, fsync'ed,
 // renamed: Note [Atomic replace]). Throws cohort::Error naming the path on failure,
