@@ -280,7 +280,7 @@ TEST(DcpResume, CohortsOwnFormatDcpCheckpointLoadsInPyTorchAtWorldOneAndThree) {
   for (const auto& e : fs::directory_iterator(out))
     if (e.path().filename().string().rfind("step-", 0) == 0) step_dir = e.path().string();
   ASSERT_TRUE(fs::exists(step_dir + "/.metadata")) << step_dir;
-  for (const std::vector<std::string> world : {std::vector<std::string>{"--world", "1"},
+  for (const std::vector<std::string>& world : {std::vector<std::string>{"--world", "1"},
                                                std::vector<std::string>{"--world", "3", "--fsdp"}}) {
     std::vector<std::string> args{"resume", step_dir, temp.path + "/back.json", "--steps", "0"};
     args.insert(args.end(), world.begin(), world.end());

@@ -72,6 +72,7 @@ def work(rank, a, store_path):
             model_sd, optim_sd = get_state_dict(model, opt)
             dcp.save({"model": model_sd, "optim": optim_sd, "train": {"step": a.steps}},
                      checkpoint_id=os.path.join(a.path, f"step-{a.steps}"))
+            dist.barrier()  # every rank done before any tears Gloo down (a peer gone aborts the others)
             if rank == 0:
                 print(f"saved step {a.steps} at world {a.world}", flush=True)
             return
@@ -83,6 +84,7 @@ def work(rank, a, store_path):
         first = state["train"]["step"]
         train(model, opt, first, a.steps, rank, a.world)
         full_model, full_optim = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+        dist.barrier()
         if rank == 0:
             result = {"step": first + a.steps}
             for name, t in full_model.items():

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint_inspect.h"
 #include "cohort/checkpoint/consolidate.h"
 #include "cohort/checkpoint/dcp/convert.h"
 #include "cohort/errors.h"
@@ -21,7 +22,12 @@ constexpr const char* kUsage =
     "  not exist), which torch.distributed.checkpoint.load reads at any world size into\n"
     "  {\"model\": ..., \"optim\": ...} of get_state_dict(model, optimizer), and {\"train\": {\"step\",\n"
     "  \"epoch\"}}. --optimizer says which PyTorch optimizer the state is for (Adam's two kinds\n"
-    "  look alike in LibTorch's files; SGD is recognised).\n";
+    "  look alike in LibTorch's files; SGD is recognised).\n"
+    "usage: cohort checkpoint inspect DIR\n"
+    "  prints what a checkpoint holds, in cohort's format or in PyTorch's distributed checkpoint\n"
+    "  format (written by cohort or by dcp.save): its files, step, tensors (dtype, shape, chunks)\n"
+    "  and values. For a directory of checkpoints, lists each, then shows the newest.\n"
+    "  consolidate and convert read either format too.\n";
 
 int consolidate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   try {
@@ -78,7 +84,9 @@ int checkpoint_command(const std::vector<std::string>& args, std::ostream& out, 
   }
   if (args.size() == 3 && args[0] == "consolidate") return consolidate(args, out, err);
   if (args.size() >= 3 && args[0] == "convert") return convert(args, out, err);
-  err << "cohort checkpoint: expected `consolidate DIR OUT.pt` or `convert DIR OUT --to dcp`\n" << kUsage;
+  if (args.size() == 2 && args[0] == "inspect") return inspect_checkpoint(args[1], out, err);
+  err << "cohort checkpoint: expected `consolidate DIR OUT.pt`, `convert DIR OUT --to dcp` or `inspect DIR`\n"
+      << kUsage;
   return 2;
 }
 

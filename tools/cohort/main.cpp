@@ -29,7 +29,8 @@ constexpr const char* kUsage =
     "  trace  `trace merge DIR OUT.json`: merge the ranks' timelines of `cohort run --timeline DIR`\n"
     "  checkpoint  `checkpoint consolidate DIR OUT.pt`: one file of a (sharded) checkpoint that\n"
     "         Python's torch.load(..., weights_only=True) reads; `checkpoint convert DIR OUT --to dcp`:\n"
-    "         a PyTorch distributed checkpoint (torch.distributed.checkpoint.load)\n"
+    "         a PyTorch distributed checkpoint (torch.distributed.checkpoint.load); `checkpoint inspect\n"
+    "         DIR`: what a checkpoint in either format holds\n"
     "  --version\n";
 
 int run_command(const std::vector<std::string>& args) {

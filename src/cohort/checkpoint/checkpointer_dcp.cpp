@@ -115,7 +115,8 @@ DcpLoad read_dcp_checkpoint(const std::string& path, const Manifest* manifest, s
     out.trainer = decode_trainer_state(read_listed(path, *manifest, "trainer.pt"), path + "/trainer.pt");
     out.has_trainer = true;
   } else {
-    out.trainer.progress.step = step;  // the directory's name says it, as torchtitan names them
+    // The directory's name says it, as torchtitan names them (-1: not known).
+    out.trainer.progress.step = step >= 0 ? step : state.step.value_or(0);
     out.trainer.progress.epoch = state.epoch.value_or(0);
   }
   return out;

@@ -57,7 +57,7 @@ struct DcpLoad {
 };
 // `manifest`: cohort's Format::kDcp checkpoint, every file checked against it; null:
 // PyTorch's own. Throws cohort::DataError or cohort::ConfigError as dcp/reader.h and
-// dcp/to_cohort.h say.
+// dcp/to_cohort.h say. `step`: the directory's, or -1 for the checkpoint's own train.step.
 DcpLoad read_dcp_checkpoint(const std::string& path, const Manifest* manifest, std::int64_t step);
 
 }  // namespace cohort::checkpoint

@@ -10,6 +10,7 @@
 
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/checkpoint/checkpointer.h"
+#include "cohort/checkpoint/checkpointer_internal.h"
 #include "cohort/checkpoint/manifest.h"
 #include "cohort/checkpoint/torch_format.h"
 #include "cohort/checkpoint/trainer_state.h"
@@ -105,7 +106,8 @@ std::string newest_complete(const std::string& directory, std::ostream& log) {
   for (auto it = on_disk.rbegin(); it != on_disk.rend(); ++it) {
     const std::string path = steps.path_of(*it);
     try {
-      verify_checkpoint(path, *it);
+      if (is_foreign_dcp(path)) verify_foreign_dcp(path);  // PyTorch's dcp.save wrote it
+      else verify_checkpoint(path, *it);
       return path;
     } catch (const DataError& e) {
       log << fmt::format("cohort checkpoint: skipping {}: {}\n", path, e.what());
@@ -122,9 +124,24 @@ GenericDict consolidated_state(const std::string& source, std::ostream& log, Con
   std::error_code ec;
   if (!fs::is_directory(source, ec))
     throw DataError(fmt::format("{} is not a directory; give a checkpoint (step-N) or a directory of them", source));
-  report.checkpoint = fs::exists(fs::path(source) / kManifestName) ? source : newest_complete(source, log);
+  report.checkpoint = fs::exists(fs::path(source) / kManifestName) || is_foreign_dcp(source)
+                          ? source
+                          : newest_complete(source, log);
   const std::string& path = report.checkpoint;
-  const auto manifest = read_manifest(path);
+  // In PyTorch's format (Note [Checkpoints in PyTorch's format]): read whole.
+  const bool foreign = is_foreign_dcp(path);
+  const auto manifest = foreign ? Manifest{} : read_manifest(path);
+  if (foreign || manifest.files.count(".metadata") != 0) {
+    const auto dcp = read_dcp_checkpoint(path, foreign ? nullptr : &manifest, foreign ? -1 : manifest.step);
+    report.step = dcp.trainer.progress.step;
+    auto result = whole_state(dcp.model, dcp.optimizer, report.step, dcp.trainer.progress.epoch, path);
+    const auto optimizer = result.at("optimizer").toGenericDict();
+    report.shards = dcp.optimizer.empty() ? 0 : 1;
+    for (const auto& group : optimizer.at("param_groups").toList())
+      report.parameters += static_cast<std::int64_t>(group.get().toGenericDict().at("params").toList().size());
+    report.with_state = static_cast<std::int64_t>(optimizer.at("state").toGenericDict().size());
+    return result;
+  }
   report.step = manifest.step;
 
   GenericDict result(c10::StringType::get(), c10::AnyType::get());
@@ -197,7 +214,8 @@ GenericDict whole_state(const std::string& model_bytes, const std::string& optim
   result.insert("model", torch_load_bytes(model_bytes, source + "/model.pt"));
   result.insert("step", step);
   result.insert("epoch", epoch);
-  const auto file = read_optimizer_file(optimizer_bytes, source + "/optimizer.pt");
+  // A checkpoint without an optimizer (PyTorch's, of a model alone) has no groups.
+  const auto file = optimizer_bytes.empty() ? OptimizerFile{} : read_optimizer_file(optimizer_bytes, source + "/optimizer.pt");
   GenericDict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups(c10::AnyType::get());
   std::int64_t next = 0;  // parameter i of the optimizer, over its groups in order
