@@ -290,4 +290,29 @@ TEST(DcpResume, CohortsOwnFormatDcpCheckpointLoadsInPyTorchAtWorldOneAndThree) {
   }
 }
 
+#ifdef COHORT_DCP_TRAINER_PATH
+// The Fashion-MNIST trainer at world 2 with --checkpoint-format dcp, under DDP and
+// under ZeRO-3 (parameters and state sharded, gathered to the writer): its last
+// checkpoint, read by PyTorch's dcp.load, holds exactly its final weights.
+TEST(DcpTrainer, TheTrainersCheckpointsInPyTorchsFormatLoadInPyTorch) {
+  for (const auto& strategy : std::vector<std::vector<std::string>>{{}, {"--zero", "3"}}) {
+    TempDir temp("cohort-dcp-trainer");
+    std::vector<std::string> argv{COHORT_CLI_PATH, "run", "--nproc-per-node", "2", "--stop-timeout", "3",
+                                  COHORT_DCP_TRAINER_PATH, "--epochs", "1", "--limit-train-batches", "6",
+                                  "--checkpoint-every", "4", "--checkpoint-dir", temp.path + "/ckpt",
+                                  "--checkpoint-format", "dcp", "--save-final", temp.path + "/final.pt"};
+    argv.insert(argv.end(), strategy.begin(), strategy.end());
+    auto r = run_process(argv, 240s, {{"COHORT_TIMEOUT", "60"}, {"OMP_NUM_THREADS", "1"}});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    std::string last;
+    for (const auto& e : fs::directory_iterator(temp.path + "/ckpt"))
+      if (e.path().filename().string() > fs::path(last).filename().string()) last = e.path().string();
+    ASSERT_TRUE(fs::exists(last + "/.metadata")) << last;
+    auto check = run_process({COHORT_DCP_PYTHON_PATH, COHORT_DCP_MODEL_CHECK_PATH, last, temp.path + "/final.pt"}, 120s);
+    EXPECT_EQ(check.exit_code, 0) << describe(check);
+    EXPECT_NE(check.out.find("ok: "), std::string::npos) << describe(check);
+  }
+}
+#endif
+
 #endif

@@ -286,7 +286,7 @@ TEST(DcpCheckpointer, RefusesShardedOptimizerStateAndUnknownOptimizers) {
 namespace {
 
 // The metadata of one tensor "t" of shape [4] with the given chunks, each at
-// offset 0 of __0_0.distcp (lengths too small to read: only parsing is tested).
+// offset 0 of __0_0.distcp (only parsing is tested: nothing is read).
 std::string metadata_of(const std::vector<std::pair<std::int64_t, std::int64_t>>& chunks,
                         const std::string& file = "__0_0.distcp") {
   const std::string m = "torch.distributed.checkpoint.metadata";
@@ -308,7 +308,7 @@ std::string metadata_of(const std::vector<std::pair<std::int64_t, std::int64_t>>
         PyValue::object("torch.distributed.checkpoint.filesystem", "_StorageInfo",
                         {PyValue::dict({{PyValue::string("relative_path"), PyValue::string(file)},
                                         {PyValue::string("offset"), PyValue::integer(0)},
-                                        {PyValue::string("length"), PyValue::integer(1)}})}));
+                                        {PyValue::string("length"), PyValue::integer(1000)}})}));
   }
   auto properties = PyValue::object(m, "TensorProperties", {PyValue::tuple({PyValue::global("torch", "float32")})});
   auto tensor = PyValue::object(m, "TensorStorageMetadata",

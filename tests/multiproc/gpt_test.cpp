@@ -173,6 +173,11 @@ TEST(GptTrainer, AsyncCheckpointsResumeAtAnotherTensorParallelSize) {
   resumes_at_another_tensor_parallel_size({"--checkpoint-async"});
 }
 
+// --checkpoint-format dcp: PyTorch's format holds the split parameters whole too.
+TEST(GptTrainer, CheckpointsInPyTorchsFormatResumeAtAnotherTensorParallelSize) {
+  resumes_at_another_tensor_parallel_size({"--checkpoint-format", "dcp"});
+}
+
 // Note [The stage's mode is the model's] (examples/gpt/pipeline.cpp): under --pp the
 // first stage's embedding dropout is the Gpt's, which the stage's eval() did not
 // reach. Evaluation then ran with dropout on (a step-0 validation loss unlike one

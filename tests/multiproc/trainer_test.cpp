@@ -148,6 +148,38 @@ TEST(Trainer, AsyncCheckpointsResumeUnderEachStrategy) {
   }
 }
 
+// --checkpoint-format dcp (docs/checkpoints.md#pytorchs-distributed-checkpoints):
+// each step-N is PyTorch's format, written by a thread and killed mid-write.
+TEST(Trainer, KilledDuringAsyncCheckpointsInPyTorchsFormatAndResumedEqualsUninterrupted) {
+  killed_and_resumed_equals_uninterrupted({"--checkpoint-format", "dcp", "--checkpoint-async"});
+}
+
+// --checkpoint-format dcp where the checkpointer gathers from the ranks: ZeRO-3's
+// sharded parameters and state, and a pipeline (a checkpointer per stage). Stopped
+// by --max-steps and resumed, each equals its uninterrupted run.
+TEST(Trainer, CheckpointsInPyTorchsFormatResumeUnderZeroAndPipelines) {
+  for (const auto& strategy :
+       std::vector<std::vector<std::string>>{{"--zero", "3"}, {"--pipeline-stages", "2", "--microbatches", "2"}}) {
+    TempDir dir("cohort-trainer");
+    const auto args = with(with(kQuick, strategy), {"--deterministic", "--checkpoint-every", "3"});
+    const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
+    const auto ckpt = dir.path + "/ckpt";
+    auto u = run_trainer(2, with(args, {"--save-final", straight}));
+    ASSERT_EQ(u.exit_code, 0) << describe(u);
+    auto first = run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--checkpoint-format", "dcp", "--max-steps", "7"}));
+    ASSERT_EQ(first.exit_code, 0) << describe(first);
+    std::size_t in_dcp = 0;
+    for (const auto& e : fs::recursive_directory_iterator(ckpt)) in_dcp += e.path().filename() == ".metadata";
+    EXPECT_GE(in_dcp, 2u) << strategy[0];
+    auto second =
+        run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--checkpoint-format", "dcp", "--save-final", resumed}));
+    ASSERT_EQ(second.exit_code, 0) << describe(second);
+    EXPECT_NE(second.out.find("resuming from "), std::string::npos) << second.out;
+    EXPECT_TRUE(bitwise_equal(straight, resumed))
+        << strategy[0] << ": largest difference " << max_difference(straight, resumed);
+  }
+}
+
 TEST(Trainer, CheckpointAsyncFlagsThatCannotWorkExitTwo) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--checkpoint-async"}, "and there is none; give --checkpoint-dir"},
@@ -155,7 +187,11 @@ TEST(Trainer, CheckpointAsyncFlagsThatCannotWorkExitTwo) {
       {{"--checkpoint-async", "--checkpoint-dir", "/tmp/unused", "--fault-tolerance"},
        "--checkpoint-async with --fault-tolerance"},
       {{"--checkpoint-async", "--checkpoint-dir", "/tmp/unused", "--checkpoint-when-busy", "later"},
-       "--checkpoint-when-busy"}};
+       "--checkpoint-when-busy"},
+      {{"--checkpoint-format", "dcp"}, "and there is none; give --checkpoint-dir"},
+      {{"--checkpoint-format", "dcp", "--checkpoint-dir", "/tmp/unused", "--fault-tolerance"},
+       "--checkpoint-format dcp with --fault-tolerance"},
+      {{"--checkpoint-format", "safetensors", "--checkpoint-dir", "/tmp/unused"}, "--checkpoint-format"}};
   for (const auto& [extra, message] : cases) {
     std::vector<std::string> argv{COHORT_TRAINER_PATH};
     argv.insert(argv.end(), extra.begin(), extra.end());

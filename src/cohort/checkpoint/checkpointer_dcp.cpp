@@ -97,7 +97,8 @@ DcpLoad read_dcp_checkpoint(const std::string& path, const Manifest* manifest, s
     read = [&](const std::string& file, std::int64_t offset, std::int64_t length) {
       auto it = files.find(file);
       if (it == files.end()) it = files.emplace(file, read_listed(path, *manifest, file)).first;
-      if (offset + length > static_cast<std::int64_t>(it->second.size()))
+      const auto size = static_cast<std::int64_t>(it->second.size());
+      if (offset > size || length > size - offset)
         throw DataError(fmt::format("{}/{}: holds {} bytes, and the metadata places an item at bytes {} to {}", path,
                                     file, it->second.size(), offset, offset + length));
       return it->second.substr(static_cast<std::size_t>(offset), static_cast<std::size_t>(length));

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -91,10 +92,10 @@ bool overlap(const Chunk& a, const Chunk& b) {
 // volumes adding up to the whole: together that is an exact tiling, so every element
 // of the whole tensor is read from exactly one item.
 void check_tiling(const Item& item, const Fields& f) {
-  std::int64_t volume = 0, whole = 1;
+  std::int64_t volume = 0, whole = 1, stored = 0;
   for (auto d : item.size) {
     if (d < 0) f.fail(fmt::format("'{}' has a negative size", item.key));
-    whole *= d;
+    if (__builtin_mul_overflow(whole, d, &whole)) f.fail(fmt::format("'{}' has a size past 2^63 elements", item.key));
   }
   for (std::size_t i = 0; i < item.chunks.size(); ++i) {
     const Chunk& c = item.chunks[i];
@@ -103,17 +104,24 @@ void check_tiling(const Item& item, const Fields& f) {
                          c.offsets.size(), c.sizes.size(), item.size.size()));
     std::int64_t v = 1;
     for (std::size_t d = 0; d < item.size.size(); ++d) {
-      if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] + c.sizes[d] > item.size[d])
+      if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] > item.size[d] || c.sizes[d] > item.size[d] - c.offsets[d])
         f.fail(fmt::format("a chunk of '{}' lies outside its shape (dimension {})", item.key, d));
-      v *= c.sizes[d];
+      v *= c.sizes[d];  // no overflow: at most the whole's count
     }
-    volume += v;
     for (std::size_t j = 0; j < i; ++j)
       if (v > 0 && overlap(c, item.chunks[j])) f.fail(fmt::format("two chunks of '{}' overlap", item.key));
+    volume += v;  // no overflow: chunks inside the whole that do not overlap
+    if (__builtin_add_overflow(stored, c.length, &stored)) f.fail(fmt::format("'{}' has items past 2^63 bytes", item.key));
   }
   if (volume != whole)
     f.fail(fmt::format("the chunks of '{}' hold {} of its {} elements; a data file's worth is missing", item.key,
                        volume, whole));
+  // Each item holds its chunk's bytes: a shape its items cannot fill is refused
+  // before anything of its size is allocated.
+  std::int64_t bytes = 0;
+  if (__builtin_mul_overflow(whole, static_cast<std::int64_t>(c10::elementSize(item.dtype)), &bytes) || bytes > stored)
+    f.fail(fmt::format("'{}' needs {} bytes for its {} elements, and its items hold {}", item.key,
+                       bytes, whole, stored));
 }
 
 std::vector<std::variant<std::string, std::int64_t>> path_of(const Pickled* p, const std::string& key, const Fields& f) {
@@ -155,7 +163,8 @@ Metadata parse_metadata(const std::string& bytes, const std::string& source) {
       f.fail(fmt::format("'{}' lies in '{}', which is not a file of the checkpoint's directory", key, chunk.file));
     chunk.offset = f.integer(f.field(*info, "offset", "_StorageInfo"), "the offset of '" + key + "'");
     chunk.length = f.integer(f.field(*info, "length", "_StorageInfo"), "the length of '" + key + "'");
-    if (chunk.offset < 0 || chunk.length < 0) f.fail(fmt::format("'{}' has a negative offset or length", key));
+    if (chunk.offset < 0 || chunk.length < 0 || chunk.length > INT64_MAX - chunk.offset)
+      f.fail(fmt::format("'{}' has a negative or impossible offset or length", key));
     if (const Pickled* transforms = info->find("transform_descriptors");
         transforms != nullptr && !transforms->is(Kind::kNone) && !transforms->items.empty())
       f.fail(fmt::format("'{}' was written through a stream transform ({}), which is not read here; save without "
@@ -264,7 +273,7 @@ ReadBytes directory_reader(const std::string& directory) {
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) throw DataError(fmt::format("{}: cannot be read; the checkpoint's metadata names it", path));
     const auto size = static_cast<std::int64_t>(in.tellg());
-    if (offset + length > size)
+    if (offset > size || length > size - offset)
       throw DataError(fmt::format("{}: holds {} bytes, and the metadata places an item at bytes {} to {}: the file is "
                                   "truncated",
                                   path, size, offset, offset + length));
