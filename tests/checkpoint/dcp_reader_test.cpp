@@ -363,3 +363,46 @@ TEST(DcpReader, ReadsBackWhatTheWriterWrites) {
     }
   }
 }
+
+namespace {
+
+// A one-parameter state as get_state_dict names it, with group 0's `options`.
+std::vector<dcp::Entry> optimizer_entries(const std::vector<std::pair<std::string, c10::IValue>>& options,
+                                          const c10::IValue& params, const c10::IValue& momentum_buffer) {
+  std::vector<dcp::Entry> e = {{"model.w", {"model", "w"}, torch::ones({2})}};
+  for (const auto& [k, v] : options) e.push_back({"optim.param_groups.0." + k, {"optim", "param_groups", std::int64_t{0}, k}, v});
+  e.push_back({"optim.param_groups.0.params", {"optim", "param_groups", std::int64_t{0}, "params"}, params});
+  e.push_back({"optim.state.w.momentum_buffer", {"optim", "state", "w", "momentum_buffer"}, momentum_buffer});
+  return e;
+}
+
+std::string config_error_of(const std::vector<dcp::Entry>& entries) {
+  try {
+    dcp::to_cohort(entries, "ckpt");
+  } catch (const cohort::ConfigError& e) {
+    return e.what();
+  }
+  return "(no ConfigError)";
+}
+
+}  // namespace
+
+// SGD with and without momentum (PyTorch keeps None then), RMSprop (it has momentum
+// too, but no dampening) refused, and parameter groups that list numbers refused.
+TEST(DcpReader, TellsOptimizersApartAndRefusesTheOnesItCannotLoad) {
+  const c10::List<std::string> names({"w"});
+  const std::vector<std::pair<std::string, c10::IValue>> sgd = {
+      {"lr", 0.1}, {"momentum", 0.0}, {"dampening", 0.0}, {"nesterov", false}, {"weight_decay", 0.0}};
+  const auto plain = dcp::to_cohort(optimizer_entries(sgd, names, c10::IValue()), "ckpt");
+  EXPECT_EQ(plain.optimizer, "sgd");
+  EXPECT_EQ(plain.parameters_with_state, 0);
+  const auto with_momentum = dcp::to_cohort(optimizer_entries(sgd, names, torch::full({2}, 0.5)), "ckpt");
+  EXPECT_EQ(with_momentum.parameters_with_state, 1);
+  const std::vector<std::pair<std::string, c10::IValue>> rmsprop = {
+      {"lr", 0.01}, {"momentum", 0.0}, {"alpha", 0.99}, {"eps", 1e-8}, {"centered", false}};
+  EXPECT_NE(config_error_of(optimizer_entries(rmsprop, names, c10::IValue())).find("neither Adam, AdamW nor SGD"),
+            std::string::npos);
+  EXPECT_NE(config_error_of(optimizer_entries(sgd, c10::List<std::int64_t>({0}), c10::IValue()))
+                .find("lists parameter numbers"),
+            std::string::npos);
+}

@@ -50,6 +50,13 @@ std::string dcp_kind_of(const torch::optim::Optimizer& optimizer, const std::str
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) return "adamw";
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr) return "adam";
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) return "sgd";
+  // A wrapper (ZeRO) may still hold its inner optimizer's options.
+  if (!optimizer.param_groups().empty() && optimizer.param_groups()[0].has_options()) {
+    const auto& options = optimizer.param_groups()[0].options();
+    if (dynamic_cast<const torch::optim::AdamWOptions*>(&options) != nullptr) return "adamw";
+    if (dynamic_cast<const torch::optim::AdamOptions*>(&options) != nullptr) return "adam";
+    if (dynamic_cast<const torch::optim::SGDOptions*>(&options) != nullptr) return "sgd";
+  }
   return "";
 }
 

@@ -37,10 +37,12 @@ std::vector<std::pair<std::string, c10::IValue>> pytorch_only_options(const std:
 }
 
 std::string kind_of(const GenericDict& options, const std::string& given) {
-  const bool adam_like = options.contains("betas"), sgd_like = options.contains("momentum");
+  // The options only they have: RMSprop has momentum too, but no dampening.
+  const bool adam_like = options.contains("betas") && options.contains("amsgrad");
+  const bool sgd_like = options.contains("dampening") && options.contains("nesterov");
   if (!adam_like && !sgd_like)
-    throw ConfigError("the checkpoint's optimizer is neither Adam(W) nor SGD (its options have neither betas nor "
-                      "momentum); `convert --to dcp` writes those three");
+    throw ConfigError("the checkpoint's optimizer is neither Adam(W) nor SGD (its options are not theirs); PyTorch's "
+                      "distributed checkpoints are written for those three");
   if (given.empty()) {
     if (sgd_like) return "sgd";
     throw ConfigError("the checkpoint's optimizer is Adam or AdamW, whose LibTorch files look alike; say which "

@@ -91,12 +91,14 @@ std::unique_ptr<torch::optim::OptimizerOptions> sgd_options(const Group& g, cons
 }
 
 std::string kind_of(const std::vector<Group>& groups, const std::string& source) {
+  // Told apart by the options only they have: NAdam, RAdam and Adamax have betas but
+  // no amsgrad, RMSprop has momentum but no dampening.
   const auto& o = groups.front().options;
-  if (o.count("betas") != 0) {
+  if (o.count("betas") != 0 && o.count("amsgrad") != 0) {
     const auto it = o.find("decoupled_weight_decay");
     return it != o.end() && it->second.isBool() && it->second.toBool() ? "adamw" : "adam";
   }
-  if (o.count("momentum") != 0) return "sgd";
+  if (o.count("dampening") != 0 && o.count("nesterov") != 0) return "sgd";
   std::string names;
   for (const auto& [name, v] : o) names += (names.empty() ? "" : ", ") + name;
   throw ConfigError(fmt::format("{}: its optimizer (options {}) is neither Adam, AdamW nor SGD, the ones cohort "
@@ -108,7 +110,7 @@ std::string kind_of(const std::vector<Group>& groups, const std::string& source)
 at::Tensor field_tensor(const std::map<std::string, c10::IValue>& fields, const char* name, const at::Tensor& param,
                         const std::string& who, const std::string& source) {
   const auto it = fields.find(name);
-  if (it == fields.end()) return {};
+  if (it == fields.end() || it->second.isNone()) return {};  // SGD without momentum keeps None
   if (!it->second.isTensor() || it->second.toTensor().sizes() != param.sizes())
     throw DataError(fmt::format("{}: the optimizer's {} of '{}' is not a tensor of its parameter's shape", source, name,
                                 who));
