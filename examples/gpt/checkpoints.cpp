@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "cohort/errors.h"
 #include "cohort/tensor_parallel/checkpoint.h"
 
@@ -56,7 +59,23 @@ void Checkpoints::save(Strategy& strategy, const torch::optim::Optimizer& optimi
                        c10::Device device) {
   cohort::checkpoint::TrainingProgress progress;
   progress.step = step;
+  const auto begin = std::chrono::steady_clock::now();
   checkpointer_.save(strategy.gpt(), optimizer, progress, device);
+  blocked_s_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+}
+
+nlohmann::json Checkpoints::summary() const {
+  auto sorted = blocked_s_;
+  std::sort(sorted.begin(), sorted.end());
+  double total = 0;
+  for (double s : sorted) total += s;
+  return {{"async", options_.checkpoint_async},
+          {"format", options_.checkpoint_format},
+          {"saves", sorted.size()},
+          {"skipped", checkpointer_.async_stats().skipped},
+          {"blocked_s", total},
+          {"blocked_ms_median", sorted.empty() ? 0.0 : 1e3 * sorted[sorted.size() / 2]},
+          {"blocked_ms_max", sorted.empty() ? 0.0 : 1e3 * sorted.back()}};
 }
 
 }  // namespace gpt

@@ -8,8 +8,10 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cohort/checkpoint/checkpointer.h"
 #include "cohort/comm/world.h"
@@ -40,10 +42,14 @@ class Checkpoints {
   // Collective: returns once no checkpoint is being written; throws if the last
   // asynchronous write failed. Before the trainer reports success.
   void finish(c10::Device device) { checkpointer_.wait(device); }
+  // For the final JSON line: how many saves, and how long they held this rank's
+  // loop (total, median, largest), as the Fashion-MNIST trainer reports them.
+  nlohmann::json summary() const;
 
  private:
   GptTrainerOptions options_;
   cohort::checkpoint::Checkpointer checkpointer_;
+  std::vector<double> blocked_s_;  // per save
 };
 
 }  // namespace gpt

@@ -394,6 +394,7 @@ int train(const GptTrainerOptions& o) {
         {"comm_hook", strategy->name()},
         {"val_curve", curve_json},
         {"samples", texts.size()},
+        {"checkpoints", checkpoints ? checkpoints->summary() : nlohmann::json(nullptr)},
     };
     summary.update(utilisation(flops, peak));
     std::cout << summary.dump() << std::endl;

@@ -315,4 +315,31 @@ TEST(DcpTrainer, TheTrainersCheckpointsInPyTorchsFormatLoadInPyTorch) {
 }
 #endif
 
+#ifdef COHORT_DCP_GPT_PATH
+// The GPT at --tp 2 over 2 ranks with --checkpoint-format dcp: its split parameters
+// are gathered whole into the checkpoint, and PyTorch's dcp.load reads its model as
+// cohort reads it back (cohort's reading is what
+// GptTrainer.CheckpointsInPyTorchsFormatResumeAtAnotherTensorParallelSize resumes
+// from, to the uninterrupted run's losses).
+TEST(DcpTrainer, TheGptsTensorParallelCheckpointLoadsInPyTorch) {
+  TempDir temp("cohort-dcp-gpt");
+  auto r = run_process({COHORT_CLI_PATH, "run", "--nproc-per-node", "2", "--stop-timeout", "3", COHORT_DCP_GPT_PATH,
+                        "--cache-dir", temp.path + "/cache", "--layers", "1", "--embed-dim", "32", "--heads", "2",
+                        "--context", "32", "--batch-size", "8", "--steps", "6", "--eval-every", "0",
+                        "--eval-batches", "1", "--samples", "0", "--vocab-size", "512", "--tp", "2",
+                        "--checkpoint-dir", temp.path + "/ckpt", "--checkpoint-format", "dcp"},
+                       240s, {{"COHORT_TIMEOUT", "60"}, {"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  std::string last;
+  for (const auto& e : fs::directory_iterator(temp.path + "/ckpt"))
+    if (e.path().filename().string() > fs::path(last).filename().string()) last = e.path().string();
+  ASSERT_TRUE(fs::exists(last + "/.metadata")) << last;
+  auto whole = Cli().run({"consolidate", last, temp.path + "/whole.pt"});
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+  auto check = run_process({COHORT_DCP_PYTHON_PATH, COHORT_DCP_MODEL_CHECK_PATH, last, temp.path + "/whole.pt"}, 120s);
+  EXPECT_EQ(check.exit_code, 0) << describe(check);
+  EXPECT_NE(check.out.find("ok: "), std::string::npos) << describe(check);
+}
+#endif
+
 #endif

@@ -5,7 +5,8 @@ tensor equals it. Run by tests/checkpoint/dcp_convert_test.cpp on PyTorch 2:
   dcp_model_check.py DCP_DIR FINAL.pt
 
 DCP_DIR is a step-N directory a cohort trainer wrote with --checkpoint-format dcp;
-FINAL.pt its --save-final file of the same step. Prints "ok: N tensors"; exits 1
+FINAL.pt its --save-final file of the same step, or the file `cohort checkpoint
+consolidate` made of it (its "model"). Prints "ok: N tensors"; exits 1
 naming the first difference.
 """
 import sys
@@ -18,6 +19,8 @@ import torch.distributed.checkpoint as dcp
 def main():
     ckpt, final = sys.argv[1], sys.argv[2]
     expected = torch.load(final, weights_only=True)
+    if isinstance(expected.get("model"), dict):  # `cohort checkpoint consolidate`'s file
+        expected = expected["model"]
     state = {"model": {k: torch.full_like(v, float("nan")) for k, v in expected.items()}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"

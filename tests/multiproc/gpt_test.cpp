@@ -163,6 +163,10 @@ void resumes_at_another_tensor_parallel_size(const std::vector<std::string>& fla
   EXPECT_EQ(a.at("resumed_from_step").get<int>(), 0);
   EXPECT_EQ(b.at("tp").get<int>(), 1);
   EXPECT_EQ(b.at("dp").get<int>(), 2);
+  // The JSON line says what the checkpoints cost: the resumed run saved step 30 alone.
+  ASSERT_TRUE(b.at("checkpoints").is_object()) << resumed.out;
+  EXPECT_EQ(b.at("checkpoints").at("saves").get<int>(), 1) << resumed.out;
+  EXPECT_GE(b.at("checkpoints").at("blocked_ms_max").get<double>(), b.at("checkpoints").at("blocked_ms_median").get<double>());
 }
 
 TEST(GptTrainer, ResumesAtAnotherTensorParallelSize) { resumes_at_another_tensor_parallel_size({}); }
