@@ -78,10 +78,46 @@ std::map<std::string, SplitParam> by_name(const torch::nn::Module& module, const
   return out;
 }
 
-at::Tensor gather_whole(const at::Tensor& slice, const comm::Group& group, std::int64_t dim) {
-  if (group.size() == 1) return slice;
-  comm::Group g = group;  // a handle: its collectives are non-const
-  return torch::cat(g.all_gather(slice.detach().contiguous()), dim);
+// Note [One gather per group]
+// A checkpoint of a TP model gathers every split parameter and each of its
+// optimizer tensors (Adam: three per parameter). One all-gather each cost a
+// collective's latency per tensor, which dominated an asynchronous save's time in the
+// caller (issue 49: 65 ms for the GPT of BENCHMARKS.md, where dcp.async_save took 20).
+// So the slices of one group and dtype travel flattened in one buffer: every rank
+// asks for the same tensors in the same order (the module's, the optimizer's), and
+// each rank's slice of a tensor has the same shape, so rank r's buffer cuts at the
+// same offsets as ours.
+struct GatherRequest {
+  at::Tensor slice;
+  const comm::Group* group;
+  std::int64_t dim;
+};
+
+std::vector<at::Tensor> gather_wholes(const std::vector<GatherRequest>& requests) {
+  std::vector<at::Tensor> wholes(requests.size());
+  std::map<std::pair<std::vector<int>, at::ScalarType>, std::vector<std::size_t>> batches;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].group->size() == 1) {
+      wholes[i] = requests[i].slice;
+      continue;
+    }
+    batches[{requests[i].group->global_ranks(), requests[i].slice.scalar_type()}].push_back(i);
+  }
+  for (const auto& [key, members] : batches) {
+    comm::Group g = *requests[members.front()].group;  // a handle: its collectives are non-const
+    std::vector<at::Tensor> flat;
+    for (auto i : members) flat.push_back(requests[i].slice.detach().reshape({-1}));
+    const auto parts = g.all_gather(torch::cat(flat));
+    std::int64_t offset = 0;
+    for (auto i : members) {
+      const auto& slice = requests[i].slice;
+      std::vector<at::Tensor> pieces;
+      for (const auto& part : parts) pieces.push_back(part.narrow(0, offset, slice.numel()).view(slice.sizes()));
+      wholes[i] = torch::cat(pieces, requests[i].dim);
+      offset += slice.numel();
+    }
+  }
+  return wholes;
 }
 
 // This rank's chunk of `whole`, which must cut into chunks shaped as `local`.
@@ -142,15 +178,22 @@ void for_each_split_state(const torch::optim::Optimizer& optimizer, const torch:
 c10::Dict<std::string, at::Tensor> whole_state_dict(const torch::nn::Module& module,
                                                     const std::vector<ParameterSplit>& splits) {
   const auto split = by_name(module, splits);
+  std::vector<std::pair<std::string, at::Tensor>> entries;
+  for (const auto& item : module.named_parameters()) entries.emplace_back(item.key(), item.value().detach());
+  for (const auto& item : module.named_buffers()) entries.emplace_back(item.key(), item.value().detach());
+  std::vector<GatherRequest> requests;  // Note [One gather per group]
+  std::vector<std::size_t> gathered;    // which entry each request is
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto it = split.find(entries[i].first);
+    if (it == split.end()) continue;
+    requests.push_back({entries[i].second, &it->second.split->group, it->second.split->dim});
+    gathered.push_back(i);
+  }
+  auto wholes = gather_wholes(requests);
+  for (std::size_t k = 0; k < gathered.size(); ++k) entries[gathered[k]].second = std::move(wholes[k]);
   c10::Dict<std::string, at::Tensor> dict;
-  auto add = [&](const std::string& name, const at::Tensor& tensor) {
-    const auto it = split.find(name);
-    auto whole = it == split.end() ? tensor.detach() : gather_whole(tensor, it->second.split->group, it->second.split->dim);
-    // Owns exactly its elements, as state_dict() does.
-    dict.insert(name, whole.to(at::kCPU).contiguous().clone());
-  };
-  for (const auto& item : module.named_parameters()) add(item.key(), item.value());
-  for (const auto& item : module.named_buffers()) add(item.key(), item.value());
+  // Each owns exactly its elements, as state_dict() does.
+  for (const auto& [name, tensor] : entries) dict.insert(name, tensor.to(at::kCPU).contiguous().clone());
   return dict;
 }
 
@@ -168,17 +211,20 @@ c10::impl::GenericDict slice_state_dict(const c10::impl::GenericDict& whole, con
 
 WholeOptimizerState::WholeOptimizerState(const torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                                          const std::vector<ParameterSplit>& splits) {
-  std::vector<std::pair<at::Tensor*, at::Tensor>> wholes;
+  std::vector<at::Tensor*> fields_to_gather;
+  std::vector<GatherRequest> requests;  // Note [One gather per group]
   for_each_split_state(optimizer, module, splits, [&](const SplitParam& sp, const std::vector<at::Tensor*>& fields) {
     for (auto* field : fields) {
       if (!field->defined() || field->sizes() != sp.param.sizes()) continue;
-      wholes.emplace_back(field, gather_whole(*field, sp.split->group, sp.split->dim));
+      fields_to_gather.push_back(field);
+      requests.push_back({*field, &sp.split->group, sp.split->dim});
     }
   });
+  auto wholes = gather_wholes(requests);
   // Only now, after every gather succeeded, does the optimizer change.
-  for (auto& [field, whole] : wholes) {
-    slices_.emplace_back(field, *field);
-    *field = std::move(whole);
+  for (std::size_t i = 0; i < fields_to_gather.size(); ++i) {
+    slices_.emplace_back(fields_to_gather[i], *fields_to_gather[i]);
+    *fields_to_gather[i] = std::move(wholes[i]);
   }
 }
 
