@@ -55,6 +55,16 @@ std::string error_of(Fn&& fn) {
   return "(no DataError)";
 }
 
+// A load that skipped the newest checkpoint for the one of `step`, its first warning
+// saying `why`.
+void expect_falls_back(const std::optional<cohort::checkpoint::Restored>& restored, std::int64_t step,
+                       const std::vector<std::string>& warnings, const std::string& why) {
+  ASSERT_TRUE(restored.has_value());
+  EXPECT_EQ(restored->progress.step, step);
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_NE(warnings[0].find(why), std::string::npos) << warnings[0];
+}
+
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -197,11 +207,7 @@ TEST(DcpCheckpointer, ATruncatedPyTorchCheckpointFallsBackToTheOlderOne) {
     std::vector<std::string> warnings;
     Checkpointer ckpt(temp.path, world.group(),
                       CheckpointerOptions().warn([&](const std::string& w) { warnings.push_back(w); }));
-    const auto restored = ckpt.load_latest(*model, adam, torch::kCPU);
-    ASSERT_TRUE(restored.has_value());
-    EXPECT_EQ(restored->progress.step, 3);
-    ASSERT_FALSE(warnings.empty());
-    EXPECT_NE(warnings[0].find("__1_0.distcp: holds 1000 bytes"), std::string::npos) << warnings[0];
+    expect_falls_back(ckpt.load_latest(*model, adam, torch::kCPU), 3, warnings, "__1_0.distcp: holds 1000 bytes");
   });
 }
 
@@ -265,11 +271,7 @@ TEST(DcpCheckpointer, ACorruptDataFileFailsItsChecksum) {
       f.seekp(100);
       f.put('\x5a');
     }
-    const auto restored = ckpt.load_latest(*model, sgd, torch::kCPU);
-    ASSERT_TRUE(restored.has_value());
-    EXPECT_EQ(restored->progress.step, 1);
-    ASSERT_FALSE(warnings.empty());
-    EXPECT_NE(warnings[0].find("__0_0.distcp"), std::string::npos) << warnings[0];
+    expect_falls_back(ckpt.load_latest(*model, sgd, torch::kCPU), 1, warnings, "__0_0.distcp");
   });
 }
 

@@ -123,28 +123,41 @@ TEST(Trainer, KilledDuringAsyncCheckpointsAndResumedEqualsUninterrupted) {
   killed_and_resumed_equals_uninterrupted({"--checkpoint-async"});
 }
 
+// Stopped by --max-steps 7 with `flags` (checkpoints every 3 steps) and resumed
+// with them, a run under `strategy` equals its uninterrupted run; returns the first
+// run's output.
+std::string stopped_and_resumed_equals_uninterrupted(const std::vector<std::string>& strategy,
+                                                     const std::vector<std::string>& flags) {
+  TempDir dir("cohort-trainer");
+  const auto args = with(with(kQuick, strategy), {"--deterministic", "--checkpoint-every", "3"});
+  const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
+  const auto ckpt = dir.path + "/ckpt";
+  auto u = run_trainer(2, with(args, {"--save-final", straight}));
+  EXPECT_EQ(u.exit_code, 0) << describe(u);
+  auto first = run_trainer(2, with(with(args, flags), {"--checkpoint-dir", ckpt, "--max-steps", "7"}));
+  EXPECT_EQ(first.exit_code, 0) << describe(first);
+  std::size_t in_pytorchs_format = 0;
+  if (fs::exists(ckpt))
+    for (const auto& e : fs::recursive_directory_iterator(ckpt)) in_pytorchs_format += e.path().filename() == ".metadata";
+  const bool dcp = std::find(flags.begin(), flags.end(), "dcp") != flags.end();
+  EXPECT_EQ(in_pytorchs_format > 0, dcp) << strategy[0] << ": " << in_pytorchs_format << " .metadata files";
+  auto second = run_trainer(2, with(with(args, flags), {"--checkpoint-dir", ckpt, "--save-final", resumed}));
+  EXPECT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.out.find("resuming from "), std::string::npos) << second.out;
+  EXPECT_TRUE(bitwise_equal(straight, resumed))
+      << strategy[0] << ": largest difference " << max_difference(straight, resumed);
+  return first.out;
+}
+
 // --checkpoint-async under the strategies whose checkpoints differ: ZeRO-1 (its
 // shards gathered to rank 0's writer), ZeRO-3 (the full parameters) and a pipeline
-// (a checkpointer per stage). Stopped by --max-steps and resumed, each equals its
-// uninterrupted run, and the final line says what the checkpoints cost.
+// (a checkpointer per stage). Each equals its uninterrupted run, and the final line
+// says what the checkpoints cost.
 TEST(Trainer, AsyncCheckpointsResumeUnderEachStrategy) {
   for (const auto& strategy : std::vector<std::vector<std::string>>{
            {"--zero", "1"}, {"--zero", "3"}, {"--pipeline-stages", "2", "--microbatches", "2"}}) {
-    TempDir dir("cohort-trainer");
-    const auto args = with(with(kQuick, strategy), {"--deterministic", "--checkpoint-every", "3"});
-    const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
-    const auto ckpt = dir.path + "/ckpt";
-    auto u = run_trainer(2, with(args, {"--save-final", straight}));
-    ASSERT_EQ(u.exit_code, 0) << describe(u);
-    auto first = run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--checkpoint-async", "--max-steps", "7"}));
-    ASSERT_EQ(first.exit_code, 0) << describe(first);
-    EXPECT_NE(first.out.find("\"checkpoints\":{\"async\":true"), std::string::npos) << first.out;
-    auto second =
-        run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--checkpoint-async", "--save-final", resumed}));
-    ASSERT_EQ(second.exit_code, 0) << describe(second);
-    EXPECT_NE(second.out.find("resuming from "), std::string::npos) << second.out;
-    EXPECT_TRUE(bitwise_equal(straight, resumed))
-        << strategy[0] << ": largest difference " << max_difference(straight, resumed);
+    const auto first = stopped_and_resumed_equals_uninterrupted(strategy, {"--checkpoint-async"});
+    EXPECT_NE(first.find("\"checkpoints\":{\"async\":true"), std::string::npos) << first;
   }
 }
 
@@ -155,29 +168,11 @@ TEST(Trainer, KilledDuringAsyncCheckpointsInPyTorchsFormatAndResumedEqualsUninte
 }
 
 // --checkpoint-format dcp where the checkpointer gathers from the ranks: ZeRO-3's
-// sharded parameters and state, and a pipeline (a checkpointer per stage). Stopped
-// by --max-steps and resumed, each equals its uninterrupted run.
+// sharded parameters and state, and a pipeline (a checkpointer per stage).
 TEST(Trainer, CheckpointsInPyTorchsFormatResumeUnderZeroAndPipelines) {
   for (const auto& strategy :
-       std::vector<std::vector<std::string>>{{"--zero", "3"}, {"--pipeline-stages", "2", "--microbatches", "2"}}) {
-    TempDir dir("cohort-trainer");
-    const auto args = with(with(kQuick, strategy), {"--deterministic", "--checkpoint-every", "3"});
-    const auto straight = dir.path + "/straight.pt", resumed = dir.path + "/resumed.pt";
-    const auto ckpt = dir.path + "/ckpt";
-    auto u = run_trainer(2, with(args, {"--save-final", straight}));
-    ASSERT_EQ(u.exit_code, 0) << describe(u);
-    auto first = run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--checkpoint-format", "dcp", "--max-steps", "7"}));
-    ASSERT_EQ(first.exit_code, 0) << describe(first);
-    std::size_t in_dcp = 0;
-    for (const auto& e : fs::recursive_directory_iterator(ckpt)) in_dcp += e.path().filename() == ".metadata";
-    EXPECT_GE(in_dcp, 2u) << strategy[0];
-    auto second =
-        run_trainer(2, with(args, {"--checkpoint-dir", ckpt, "--checkpoint-format", "dcp", "--save-final", resumed}));
-    ASSERT_EQ(second.exit_code, 0) << describe(second);
-    EXPECT_NE(second.out.find("resuming from "), std::string::npos) << second.out;
-    EXPECT_TRUE(bitwise_equal(straight, resumed))
-        << strategy[0] << ": largest difference " << max_difference(straight, resumed);
-  }
+       std::vector<std::vector<std::string>>{{"--zero", "3"}, {"--pipeline-stages", "2", "--microbatches", "2"}})
+    stopped_and_resumed_equals_uninterrupted(strategy, {"--checkpoint-format", "dcp"});
 }
 
 TEST(Trainer, CheckpointAsyncFlagsThatCannotWorkExitTwo) {
