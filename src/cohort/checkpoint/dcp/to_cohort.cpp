@@ -146,7 +146,10 @@ std::string optimizer_archive(const std::string& kind, const std::vector<Group>&
   else if (kind == "adamw") optimizer = std::make_unique<torch::optim::AdamW>(param_groups);
   else optimizer = std::make_unique<torch::optim::Adam>(param_groups);
 
-  for (const auto& [name, param] : params) {
+  for (const auto& named : params) {
+    // Named, not a structured binding: C++17 lambdas cannot capture those (clang refuses).
+    const std::string& name = named.first;
+    const at::Tensor& param = named.second;
     const auto it = state.find(name);
     if (it == state.end()) continue;
     const auto& fields = it->second;
