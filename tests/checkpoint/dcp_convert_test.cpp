@@ -201,10 +201,15 @@ TEST(DcpConvert, PyTorchLoadsAShardedCheckpoint) {
 
 namespace {
 
+// PyTorch's reference side. Its Gloo processes have hung now and then on this 2-core
+// VM (both alive, none progressing; once in about ten runs): a reference run that
+// times out is started once more. A run that ends, right or wrong, is never retried.
 cohort::testing::ProcessResult python_resume(const std::vector<std::string>& args) {
   std::vector<std::string> argv{COHORT_DCP_PYTHON_PATH, COHORT_DCP_RESUME_CHECK_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv, 300s);
+  auto r = run_process(argv, 150s);
+  if (r.timed_out) r = run_process(argv, 150s);
+  return r;
 }
 
 cohort::testing::ProcessResult cohort_resume(int nproc, const std::vector<std::string>& args) {

@@ -14,6 +14,7 @@ The global batch of step s is batch(s), 6 rows; each of the N ranks takes its 6/
 Processes meet through a file store, so no port is used.
 """
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -64,7 +65,9 @@ def flat(t):
 
 
 def work(rank, a, store_path):
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=a.world)
+    # A bounded wait: a stuck peer fails the run instead of holding it for Gloo's 30 minutes.
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=a.world,
+                            timeout=datetime.timedelta(seconds=90))
     try:
         if a.mode == "save":
             model, opt = make(a.fsdp, a.world, 0)
