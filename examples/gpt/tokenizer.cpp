@@ -18,6 +18,7 @@
 
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/errors.h"
+#include "cohort/util/json_integer.h"
 
 extern char** environ;
 
@@ -177,10 +178,10 @@ TokenStreams load_token_streams(const Corpus& corpus, const TokenCacheOptions& o
   std::size_t train_tokens = 0, validation_tokens = 0;
   try {
     const auto meta = nlohmann::json::parse(cohort::checkpoint::read_whole_file(meta_path));
-    out.vocab_size = meta.at("vocab_size").get<int>();
-    out.eos_id = meta.at("eos_id").get<int>();
-    train_tokens = meta.at("train_tokens").get<std::size_t>();
-    validation_tokens = meta.at("validation_tokens").get<std::size_t>();
+    out.vocab_size = cohort::util::json_integer_at<int>(meta, "vocab_size");
+    out.eos_id = cohort::util::json_integer_at<int>(meta, "eos_id");
+    train_tokens = cohort::util::json_integer_at<std::size_t>(meta, "train_tokens");
+    validation_tokens = cohort::util::json_integer_at<std::size_t>(meta, "validation_tokens");
   } catch (const nlohmann::json::exception& e) {
     throw damaged(fmt::format("{} is not valid metadata ({})", meta_path, one_line(e.what())));
   }

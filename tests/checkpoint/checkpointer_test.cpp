@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
 
@@ -217,20 +218,22 @@ TEST(Checkpointer, FallsBackPastAManifestOfTheWrongShape) {
   EXPECT_NE(warnings.find("step-000000030"), std::string::npos) << warnings;
 }
 
+// Rewrites path's manifest without its own checksum, as `version`.
+void without_checksum(const std::string& path, const std::string& version) {
+  std::string text = read_whole_file(path + "/MANIFEST.json");
+  const auto field = text.find("\"manifest_crc32\"");
+  ASSERT_NE(field, std::string::npos) << text;
+  const auto line = text.rfind('\n', field);
+  text.erase(line, text.find('\n', field) - line);
+  const auto v = text.find("\"version\": 2");
+  ASSERT_NE(v, std::string::npos) << text;
+  text.replace(v, std::string("\"version\": 2").size(), "\"version\": " + version);
+  write_file_atomically(path + "/MANIFEST.json", text);
+}
+
 // Note [The manifest's own checksum]: a manifest written before it had one (version
 // 1) still loads; a version-2 manifest that lost it does not.
 TEST(Checkpointer, AVersionOneManifestWithoutItsOwnChecksumStillLoads) {
-  auto without_checksum = [](const std::string& path, const std::string& version) {
-    std::string text = read_whole_file(path + "/MANIFEST.json");
-    const auto field = text.find("\"manifest_crc32\"");
-    ASSERT_NE(field, std::string::npos) << text;
-    const auto line = text.rfind('\n', field);
-    text.erase(line, text.find('\n', field) - line);
-    const auto v = text.find("\"version\": 2");
-    ASSERT_NE(v, std::string::npos) << text;
-    text.replace(v, std::string("\"version\": 2").size(), "\"version\": " + version);
-    write_file_atomically(path + "/MANIFEST.json", text);
-  };
   auto old = load_after_damage([&](const std::string& path) { without_checksum(path, "1"); });
   EXPECT_EQ(old.first, 30) << old.second;
   EXPECT_EQ(old.second, "");
@@ -238,6 +241,37 @@ TEST(Checkpointer, AVersionOneManifestWithoutItsOwnChecksumStillLoads) {
   EXPECT_EQ(stripped.first, 20);
   EXPECT_NE(stripped.second.find("step-000000030/MANIFEST.json has no manifest_crc32"), std::string::npos)
       << stripped.second;
+}
+
+// Note [Integers from JSON]: a version-1 manifest (no checksum of its own) whose
+// model.pt CRC-32 is a float was undefined behaviour (fuzz_checkpoint_manifest under
+// UBSan), and one that is the right CRC-32 plus 2^32 was cut down to the right one,
+// so the damaged manifest passed. Both are damage now: the older checkpoint loads.
+TEST(Checkpointer, AManifestNumberThatIsNoExactIntegerIsDamage) {
+  auto crc_becomes = [](const std::function<std::string(std::uint64_t)>& replace) {
+    return load_after_damage([&](const std::string& path) {
+      without_checksum(path, "1");
+      std::string text = read_whole_file(path + "/MANIFEST.json");
+      const auto at = text.find("\"crc32\": ", text.find("\"model.pt\""));
+      ASSERT_NE(at, std::string::npos) << text;
+      const auto digits = at + std::string("\"crc32\": ").size();
+      const auto end = text.find_first_not_of("0123456789", digits);
+      const std::uint64_t crc = std::stoull(text.substr(digits, end - digits));
+      text.replace(digits, end - digits, replace(crc));
+      write_file_atomically(path + "/MANIFEST.json", text);
+    });
+  };
+  for (const auto& [what, replace] :
+       std::vector<std::pair<std::string, std::function<std::string(std::uint64_t)>>>{
+           {"a float", [](std::uint64_t) { return std::string("2e72"); }},
+           {"2^32 more", [](std::uint64_t crc) { return std::to_string(crc + (std::uint64_t{1} << 32)); }},
+           {"negative", [](std::uint64_t crc) { return "-" + std::to_string(crc); }}}) {
+    const auto [step, warnings] = crc_becomes(replace);
+    EXPECT_EQ(step, 20) << what << ": " << warnings;
+    EXPECT_NE(warnings.find("step-000000030/MANIFEST.json"), std::string::npos) << what << ": " << warnings;
+  }
+  // The control: the same edit keeping the number loads the newest.
+  EXPECT_EQ(crc_becomes([](std::uint64_t crc) { return std::to_string(crc); }).first, 30);
 }
 
 TEST(Checkpointer, ANewSaveAfterAFallbackIsKeptAndTheCorruptStepIsSetAside) {

@@ -377,6 +377,18 @@ TEST(RendezvousState, RecordRoundTripsAndRejectsStrangers) {
   EXPECT_EQ(decode(encode(s)), s);
   EXPECT_THROW(decode("not json"), cohort::DataError);
   EXPECT_THROW(decode(R"({"round": 1})"), cohort::DataError);
+  // Note [Integers from JSON]: a record whose numbers are floats or too wide for their
+  // fields is a stranger's too, not undefined behaviour or a truncated slot.
+  const std::string good = encode(s);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " in " << text;
+    return at == std::string::npos ? text : text.replace(at, from.size(), to);
+  };
+  EXPECT_THROW(decode(with("\"round\":", "\"round\":2e72,\"x\":")), cohort::DataError);
+  EXPECT_THROW(decode(with("\"slots\":", "\"slots\":4294967296,\"x\":")), cohort::DataError);
+  EXPECT_THROW(decode(with("\"a\":", "\"a\":1.5,\"x\":")), cohort::DataError);
 }
 
 TEST(RendezvousConf, ParsesTorchrunKeysInSeconds) {

@@ -6,6 +6,7 @@
 
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/errors.h"
+#include "cohort/util/json_integer.h"
 
 namespace cohort::checkpoint {
 namespace {
@@ -55,8 +56,8 @@ void check_file_name(const std::string& name, const std::string& manifest_path) 
 
 ShardedOptimizerFiles parse_shards(const nlohmann::json& j) {
   ShardedOptimizerFiles out;
-  out.layout.world_size = j.at("world_size").get<int>();
-  out.layout.owner = j.at("owner").get<std::vector<int>>();
+  out.layout.world_size = util::json_integer_at<int>(j, "world_size");
+  out.layout.owner = util::json_integers_at<int>(j, "owner");
   out.files = j.at("files").get<std::vector<std::string>>();
   return out;
 }
@@ -132,8 +133,9 @@ Manifest read_manifest(const std::string& path, std::optional<std::int64_t> step
   try {
     const auto j = nlohmann::json::parse(read_whole_file(manifest_path));
     Manifest m;
-    m.step = j.value("step", std::int64_t{-1});
-    const int version = j.value("version", 0);
+    // Note [Integers from JSON]
+    m.step = util::json_integer_or<std::int64_t>(j, "step", -1);
+    const int version = util::json_integer_or<int>(j, "version", 0);
     if (j.value("format", "") != kFormat || version < kOldestVersion || version > kVersion ||
         (step && m.step != *step)) {
       throw DataError(step ? fmt::format("{} is not a version-{} to {} manifest of step {}", manifest_path,
@@ -144,7 +146,8 @@ Manifest read_manifest(const std::string& path, std::optional<std::int64_t> step
     if (version >= 2) check_own_checksum(j, manifest_path);
     for (const auto& [name, entry] : j.at("files").items()) {
       check_file_name(name, manifest_path);
-      m.files[name] = {entry.at("bytes").get<std::uint64_t>(), entry.at("crc32").get<std::uint32_t>()};
+      m.files[name] = {util::json_integer_at<std::uint64_t>(entry, "bytes"),
+                       util::json_integer_at<std::uint32_t>(entry, "crc32")};
     }
     if (j.contains("optimizer_shards")) {
       m.shards = parse_shards(j.at("optimizer_shards"));

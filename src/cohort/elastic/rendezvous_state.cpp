@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cohort/errors.h"
+#include "cohort/util/json_integer.h"
 
 namespace cohort::elastic {
 namespace {
@@ -329,23 +330,26 @@ RendezvousState decode(const std::string& bytes) {
   try {
     const auto j = nlohmann::json::parse(bytes);
     RendezvousState s;
-    s.round = j.at("round").get<std::int64_t>();
+    s.round = util::json_integer_at<std::int64_t>(j, "round");
     s.complete = j.at("complete").get<bool>();
     s.closed = j.at("closed").get<bool>();
-    s.participants = j.at("participants").get<std::map<std::string, int>>();
+    // Note [Integers from JSON]: the record comes from the store, which anyone can write.
+    for (const auto& [node, slot] : j.at("participants").items())
+      s.participants[node] = util::json_integer<int>(slot, "participants." + node);
     s.wait_list = j.at("wait_list").get<std::set<std::string>>();
-    s.restarts = j.at("restarts").get<std::int64_t>();
-    s.max_restarts = j.at("max_restarts").get<std::int64_t>();
-    s.min_nodes = j.at("min_nodes").get<int>();
-    s.max_nodes = j.at("max_nodes").get<int>();
-    s.beats = j.at("beats").get<std::int64_t>();
-    s.failed_round = j.at("failed_round").get<std::int64_t>();
+    s.restarts = util::json_integer_at<std::int64_t>(j, "restarts");
+    s.max_restarts = util::json_integer_at<std::int64_t>(j, "max_restarts");
+    s.min_nodes = util::json_integer_at<int>(j, "min_nodes");
+    s.max_nodes = util::json_integer_at<int>(j, "max_nodes");
+    s.beats = util::json_integer_at<std::int64_t>(j, "beats");
+    s.failed_round = util::json_integer_at<std::int64_t>(j, "failed_round");
     s.done = j.at("done").get<std::set<std::string>>();
     s.held = j.at("held").get<bool>();
-    s.slots = j.at("slots").get<int>();
-    s.joins_folded = j.value("joins_folded", std::int64_t{0});
-    if (!j.at("last_call").is_null()) s.last_call = Millis(j.at("last_call").get<std::int64_t>());
-    s.heartbeats = j.at("heartbeats").get<std::map<std::string, std::int64_t>>();
+    s.slots = util::json_integer_at<int>(j, "slots");
+    s.joins_folded = util::json_integer_or<std::int64_t>(j, "joins_folded", 0);
+    if (!j.at("last_call").is_null()) s.last_call = Millis(util::json_integer_at<std::int64_t>(j, "last_call"));
+    for (const auto& [node, beat] : j.at("heartbeats").items())
+      s.heartbeats[node] = util::json_integer<std::int64_t>(beat, "heartbeats." + node);
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("the rendezvous record in the store is not one cohort wrote ({}); is another "

@@ -10,6 +10,7 @@
 
 #include "cohort/checkpoint/atomic_file.h"
 #include "cohort/errors.h"
+#include "cohort/util/json_integer.h"
 
 namespace cohort::pipeline {
 
@@ -48,7 +49,8 @@ Layout read_layout(const std::string& path) {
   text << in.rdbuf();
   try {
     auto j = nlohmann::json::parse(text.str());
-    Layout l{j.at("pipeline_ranks").get<std::int64_t>(), j.at("virtual_stages").get<std::int64_t>()};
+    Layout l{util::json_integer_at<std::int64_t>(j, "pipeline_ranks"),
+             util::json_integer_at<std::int64_t>(j, "virtual_stages")};  // Note [Integers from JSON]
     if (l.ranks < 1 || l.virtual_stages < 1) throw std::invalid_argument("a count below 1");
     return l;
   } catch (const std::exception& e) {
