@@ -250,7 +250,7 @@ void expect_close(const nlohmann::json& got, const nlohmann::json& expected, dou
 // does (step-5/.metadata). cohort resumes it at world 3, under DDP and under ZeRO-1,
 // and trains 4 more steps; PyTorch resumes the same checkpoint at world 3 under FSDP2
 // and trains the same 4: the weights and Adam's moments agree (float32 sums in
-// another order: 1e-6).
+// another order: 1e-6). cohort at six ranks under ZeRO-1 too.
 TEST(DcpResume, APyTorchFsdpCheckpointResumesInCohortAtAnotherWorldSizeAsInPyTorch) {
   TempDir temp("cohort-dcp-resume");
   const std::string ckpt = temp.path + "/ckpt";
@@ -264,10 +264,14 @@ TEST(DcpResume, APyTorchFsdpCheckpointResumesInCohortAtAnotherWorldSizeAsInPyTor
   EXPECT_NE(ddp.err.find("holds no random generator states"), std::string::npos) << describe(ddp);
   auto zero = cohort_resume(3, {ckpt, "4", temp.path + "/zero.json", "--zero"});
   ASSERT_EQ(zero.exit_code, 0) << describe(zero);
+  // And at six ranks, a row each: the same global batch, so the same weights.
+  auto six = cohort_resume(6, {ckpt, "4", temp.path + "/six.json", "--zero"});
+  ASSERT_EQ(six.exit_code, 0) << describe(six);
   const auto expected = read_json(temp.path + "/pytorch.json");
   EXPECT_EQ(expected.at("step"), 9);
   expect_close(read_json(temp.path + "/cohort.json"), expected, 1e-6);
   expect_close(read_json(temp.path + "/zero.json"), expected, 1e-6, "optim.");
+  expect_close(read_json(temp.path + "/six.json"), expected, 1e-6, "optim.");
 }
 
 // The other way: cohort resumes PyTorch's DDP checkpoint at world 2, trains 3 steps

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "cohort/checkpoint/checkpointer.h"
 #include "cohort/checkpoint/dcp/pickle_value.h"
@@ -18,6 +19,7 @@
 #include "cohort/checkpoint/dcp/writer.h"
 #include "cohort/compat/optimizer.h"
 #include "cohort/errors.h"
+#include "cohort/zero/sharded_optimizer.h"
 #include "support/temp_dir.h"
 #include "support/thread_world.h"
 
@@ -208,6 +210,68 @@ TEST(DcpCheckpointer, ATruncatedPyTorchCheckpointFallsBackToTheOlderOne) {
     Checkpointer ckpt(temp.path, world.group(),
                       CheckpointerOptions().warn([&](const std::string& w) { warnings.push_back(w); }));
     expect_falls_back(ckpt.load_latest(*model, adam, torch::kCPU), 3, warnings, "__1_0.distcp: holds 1000 bytes");
+  });
+}
+
+// At eight ranks under ZeRO-1: every rank skips the truncated newest checkpoint
+// together and loads the older one, PyTorch's DDP layout, resharding Adam's state
+// onto its shards; saved in PyTorch's format (gathered to rank 0) and loaded again at
+// four ranks, weights and Adam state are still PyTorch's, bit for bit.
+TEST(DcpCheckpointer, EightRanksUnderZeroFallBackTogetherAndReshardOntoFour) {
+  TempDir temp("cohort-dcp-read");
+  fs::copy(kFixtures + "/world2-ddp", temp.path + "/step-3", fs::copy_options::recursive);
+  fs::copy(kFixtures + "/world2-fsdp2", temp.path + "/step-7", fs::copy_options::recursive);
+  fs::resize_file(temp.path + "/step-7/__1_0.distcp", 1000);
+  const std::string out = temp.path + "/out";
+  const auto reference = by_key(dcp::read_checkpoint(kFixtures + "/world1"));
+  auto sharded_adam = [](torch::nn::Sequential& model, cohort::comm::World& world) {
+    return std::make_unique<cohort::zero::ShardedOptimizer>(
+        model->parameters(), world.group(), [](std::vector<torch::Tensor> p) {
+          return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.5));
+        });
+  };
+  auto expect_reference_weights = [&](torch::nn::Sequential& model, int rank) {
+    for (const auto& p : model->named_parameters())
+      EXPECT_TRUE(torch::equal(p.value(), reference.at("model." + p.key()).toTensor())) << rank << " " << p.key();
+  };
+  std::mutex mu;
+  std::vector<std::int64_t> steps;
+  run_thread_world(8, [&](cohort::comm::World& world) {
+    auto model = make_mlp();
+    auto adam = sharded_adam(model, world);
+    std::vector<std::string> warnings;
+    Checkpointer ckpt(temp.path, world.group(),
+                      CheckpointerOptions().warn([&](const std::string& w) { warnings.push_back(w); }));
+    const auto restored = ckpt.load_latest(*model, *adam, torch::kCPU);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      steps.push_back(restored ? restored->progress.step : -1);
+    }
+    expect_reference_weights(model, world.rank());
+    if (world.rank() == 0) {
+      ASSERT_FALSE(warnings.empty());
+      EXPECT_NE(warnings[0].find("__1_0.distcp: holds 1000 bytes"), std::string::npos) << warnings[0];
+    }
+    Checkpointer(out, world.group(), CheckpointerOptions().format(Format::kDcp))
+        .save(*model, *adam, {4, 0, 0, {}}, torch::kCPU);
+  });
+  EXPECT_EQ(steps, std::vector<std::int64_t>(8, 3));
+  const auto saved = by_key(dcp::read_checkpoint(out + "/step-000000004"));
+  std::size_t same = 0;
+  for (const auto& [key, value] : reference) {
+    if (!value.isTensor() || key.rfind("train.", 0) == 0) continue;
+    ASSERT_TRUE(saved.count(key)) << key;
+    EXPECT_TRUE(torch::equal(saved.at(key).toTensor(), value.toTensor())) << key;
+    ++same;
+  }
+  EXPECT_EQ(same, 4u + 3u * 4u);  // four weights; exp_avg, exp_avg_sq and step of each
+  run_thread_world(4, [&](cohort::comm::World& world) {
+    auto model = make_mlp();
+    auto adam = sharded_adam(model, world);
+    const auto restored = Checkpointer(out, world.group()).load_latest(*model, *adam, torch::kCPU);
+    ASSERT_TRUE(restored.has_value());
+    EXPECT_EQ(restored->progress.step, 4);
+    expect_reference_weights(model, world.rank());
   });
 }
 
