@@ -203,6 +203,17 @@ TEST(Slurm, ListsThatExpandBeyondAnyJobAreRefused) {
   EXPECT_THROW(expand_hostlist("n[0-99999999999]"), cohort::ConfigError);
   EXPECT_THROW(expand_hostlist("a[1-1000]b[1-1000]c[1-1000]"), cohort::ConfigError);
   EXPECT_THROW(expand_hostlist("\x8b[15-222503,0]x[1-9],r[1-2]-n[1-2]"), cohort::ConfigError);
+  // Note [Bounded SLURM lists]: the steps are bounded too, not only the names. Empty
+  // brackets after a large product gave no name after 51 million steps, and a chain
+  // of one-name groups after a 65536-name product would copy each name 1000 times.
+  EXPECT_THROW(expand_hostlist("a[0-370]b[0-370]c[0-370][]"), cohort::ConfigError);
+  std::string doubled;
+  for (int i = 0; i < 16; ++i) doubled += "a[0-1]";
+  EXPECT_EQ(expand_hostlist(doubled).size(), 65536u);  // 16 groups: within the bound
+  std::string chained = doubled;
+  for (int i = 0; i < 1000; ++i) chained += "[0]";
+  EXPECT_THROW(expand_hostlist(chained), cohort::ConfigError);
+  EXPECT_EQ(expand_hostlist("rack[1-4]-node[01-32]").size(), 128u);
   EXPECT_EQ(expand_tasks_per_node("1(x65535),2").size(), 65536u);
   EXPECT_THROW(expand_tasks_per_node("2(x99999999999)"), cohort::ConfigError);
   EXPECT_THROW(expand_tasks_per_node("1(x65536),1"), cohort::ConfigError);

@@ -15,8 +15,14 @@ namespace {
 // environment (found by fuzz_launcher_env). No SLURM job spans more than 65536 nodes
 // (SLURM's own node count is far smaller in practice), so a list or a tasks-per-node
 // spec that expands to more is refused with a ConfigError, checked before anything
-// of that size is built.
+// of that size is built. Counting the names is not enough: a group that expands to
+// nothing ("[]") makes the product empty, after every name before it has been built
+// ("a[0-370]b[0-370]c[0-370][]": 51 million steps and no name, again found by
+// fuzz_launcher_env). So empty brackets are refused, and the expansion's steps are
+// counted too: a real list takes at most a few per name (one per bracket group), and
+// a list that takes more than kMaxSteps is refused as too large.
 constexpr std::size_t kMaxNodes = 65536;
+constexpr std::size_t kMaxSteps = 4 * kMaxNodes;
 
 [[noreturn]] void too_many(const std::string& what, const std::string& text) {
   throw ConfigError(what + " '" + text + "' expands to more than " + std::to_string(kMaxNodes) +
@@ -62,8 +68,9 @@ std::vector<std::string> expand_range(const std::string& range,
   return out;
 }
 
-void expand_one(const std::string& item, const std::string& hostlist,
-                std::vector<std::string>& out) {
+void expand_one(const std::string& item, const std::string& hostlist, std::vector<std::string>& out,
+                std::size_t& steps) {
+  if (++steps > kMaxSteps) too_many("SLURM host list", hostlist);
   auto open = item.find('[');
   if (open == std::string::npos) {
     if (out.size() >= kMaxNodes) too_many("SLURM host list", hostlist);
@@ -76,16 +83,18 @@ void expand_one(const std::string& item, const std::string& hostlist,
   std::string prefix = item.substr(0, open);
   std::string rest = item.substr(close + 1);
   std::string inner = item.substr(open + 1, close - open - 1);
-  for (const auto& range : split_top_level(inner))
-    for (const auto& n : expand_range(range, hostlist))
-      expand_one(prefix + n + rest, hostlist, out);
+  const auto ranges = split_top_level(inner);
+  if (ranges.empty()) throw ConfigError("SLURM host list '" + hostlist + "': empty brackets '[]'");
+  for (const auto& range : ranges)
+    for (const auto& n : expand_range(range, hostlist)) expand_one(prefix + n + rest, hostlist, out, steps);
 }
 
 }  // namespace
 
 std::vector<std::string> expand_hostlist(const std::string& hostlist) {
   std::vector<std::string> hosts;
-  for (const auto& item : split_top_level(hostlist)) expand_one(item, hostlist, hosts);
+  std::size_t steps = 0;  // Note [Bounded SLURM lists]
+  for (const auto& item : split_top_level(hostlist)) expand_one(item, hostlist, hosts, steps);
   return hosts;
 }
 
