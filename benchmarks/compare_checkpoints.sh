@@ -12,6 +12,8 @@
 #             trainer leaves checkpoints out of samples_per_second and reports their
 #             blocked time; the peer's loop includes them)
 #   cost      1 - rate / the same side's rate without checkpoints
+#   bound     cohort only: (blocked time + the writer thread's CPU time) / the loop's
+#             time, a bound on the cost that the rates' run-to-run spread cannot hide
 #   blocked   rank 0's median time held per save, milliseconds
 #   rss       rank 0's (cohort: the largest rank's) peak resident memory, MB
 #   benchmarks/compare_checkpoints.sh [BUILD_DIR] [NPROC] [STEPS] [EVERY] [REPS]
@@ -66,7 +68,11 @@ c = r.get("checkpoints") or {}
 blocked = c.get("blocked_s", 0.0)
 # The GPT trainer counts its saves in tokens_per_second; the Fashion-MNIST one does not.
 rate = r["tokens_per_second"] if "tokens_per_second" in r else r["samples"] / (r["train_seconds"] + blocked)
-print(rate, c.get("blocked_ms_median", 0.0), r["peak_rss_mb_max_rank"])'
+# What the saves took from training at most: the time they held it, and the CPU time
+# of the writer thread as if it had all come out of training (docs/checkpoints.md).
+loop = r["train_seconds"] + (0.0 if "tokens_per_second" in r else blocked)
+bound = (blocked + c.get("writer_cpu_s", 0.0)) / loop if c else 0.0
+print(rate, c.get("blocked_ms_median", 0.0), r["peak_rss_mb_max_rank"], bound)'
   else
     [[ $mode != none ]] && args+=(--checkpoint-dir "$dir/ckpt" --checkpoint-every "$every" --checkpoint-mode "$mode")
     # shellcheck disable=SC2046
@@ -78,7 +84,7 @@ import json, sys
 r = json.loads(sys.stdin.read())
 rss = r.get("rss_mb_end")
 rate = r["tokens_per_second"] if "tokens_per_second" in r else r["samples_per_second"]
-print(rate, r.get("checkpoint_blocked_ms_median") or 0.0, rss if rss is not None else 0.0)'
+print(rate, r.get("checkpoint_blocked_ms_median") or 0.0, rss if rss is not None else 0.0, "nan")'
   fi
   rm -rf "$dir"
 }
@@ -98,12 +104,12 @@ for setting in "${malloc_settings[@]}"; do
 import collections, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    side, mode, rate, blocked, rss = line.split()
-    rows[side, mode].append((float(rate), float(blocked), float(rss)))
+    side, mode, rate, blocked, rss, bound = line.split()
+    rows[side, mode].append((float(rate), float(blocked), float(rss), float(bound)))
 what = "batch 32 per rank" if sys.argv[7] == "fashion" else f"the GPT at TP {sys.argv[2]}"
 print(f"{sys.argv[7]}: world {sys.argv[2]}, {sys.argv[3]} steps of {what}, a checkpoint every {sys.argv[4]} steps, "
       f"{sys.argv[6]} repetitions, allocator: {sys.argv[5]}, rate in {sys.argv[8]}/s")
-print(f"{'side':8} {'mode':6} {'rate':>8} {'cost':>7} {'blocked ms':>11} {'rss MB':>7}  rates")
+print(f"{'side':8} {'mode':6} {'rate':>8} {'cost':>7} {'bound':>6} {'blocked ms':>11} {'rss MB':>7}  rates")
 for side, label in (("cohort", "cohort"), ("pytorch", "pytorch")):
     base = statistics.median(r[0] for r in rows[side, "none"])
     for mode in ("none", "sync", "async"):
@@ -112,7 +118,9 @@ for side, label in (("cohort", "cohort"), ("pytorch", "pytorch")):
         blocked = statistics.median(r[1] for r in runs)
         rss = statistics.median(r[2] for r in runs)
         cost = "" if mode == "none" else f"{100 * (1 - rate / base):6.1f}%"
-        print(f"{label:8} {mode:6} {rate:8.0f} {cost:>7} {blocked:11.1f} {rss:7.0f}  "
+        bound = statistics.median(r[3] for r in runs)
+        bound = "" if mode == "none" or bound != bound else f"{100 * bound:5.2f}%"
+        print(f"{label:8} {mode:6} {rate:8.0f} {cost:>7} {bound:>6} {blocked:11.1f} {rss:7.0f}  "
               + " ".join(f"{r[0]:.0f}" for r in runs))
 PY
 done

@@ -58,7 +58,8 @@ class CheckpointLog {
             {"blocked_s", total},
             {"blocked_ms_median", sorted.empty() ? 0.0 : 1e3 * sorted[sorted.size() / 2]},
             {"blocked_ms_max", sorted.empty() ? 0.0 : 1e3 * sorted.back()},
-            {"host_bytes", stats.host_bytes}};
+            {"host_bytes", stats.host_bytes},
+            {"writer_cpu_s", stats.writer_cpu_s}};
   }
 
  private:

@@ -101,7 +101,12 @@ TEST(AsyncCheckpointer, WritesTheBytesASynchronousSaveWrites) {
       sync.save(*model, *opt, {3, 1, 2, {}}, torch::kCPU);
       EXPECT_EQ(async.save(*model, *opt, {3, 1, 2, {}}, torch::kCPU), async.path_of(3));
       async.wait(torch::kCPU);
-      EXPECT_EQ(async.async_stats().written, 1);
+      const auto stats = async.async_stats();
+      EXPECT_EQ(stats.written, 1);
+      // The writer's CPU time: some (it serialised and hashed), and no more than its
+      // one thread could use in the write's wall time.
+      EXPECT_GT(stats.writer_cpu_s, 0.0);
+      EXPECT_LE(stats.writer_cpu_s, stats.last_write_s + 1e-3);
     });
     const auto file_of = [](const std::string& dir, const std::string& file) {
       return read_whole_file(dir + "/step-000000003/" + file);

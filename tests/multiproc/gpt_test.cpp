@@ -3,6 +3,8 @@
 // JSON line; impossible flags stop it with a message that says why.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -167,6 +169,9 @@ void resumes_at_another_tensor_parallel_size(const std::vector<std::string>& fla
   ASSERT_TRUE(b.at("checkpoints").is_object()) << resumed.out;
   EXPECT_EQ(b.at("checkpoints").at("saves").get<int>(), 1) << resumed.out;
   EXPECT_GE(b.at("checkpoints").at("blocked_ms_max").get<double>(), b.at("checkpoints").at("blocked_ms_median").get<double>());
+  // The writer thread's CPU time: spent exactly when there is a writer thread.
+  const bool async = std::find(flags.begin(), flags.end(), "--checkpoint-async") != flags.end();
+  EXPECT_EQ(b.at("checkpoints").at("writer_cpu_s").get<double>() > 0, async) << resumed.out;
 }
 
 TEST(GptTrainer, ResumesAtAnotherTensorParallelSize) { resumes_at_another_tensor_parallel_size({}); }

@@ -49,6 +49,7 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize/output-archive.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -224,6 +225,13 @@ inline Deferred optimizer_copy(const torch::optim::Optimizer& optimizer, HostCop
   };
 }
 
+// CPU time the calling thread has used, in seconds.
+inline double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 // The writer thread and what it reports (Note [Asynchronous checkpoints]).
 class AsyncSave {
  public:
@@ -250,6 +258,7 @@ class AsyncSave {
     ++stats_.started;
     thread_ = std::thread([this, path = std::move(path), write = std::move(write), ready = std::move(ready)]() mutable {
       const auto begin = std::chrono::steady_clock::now();
+      const double cpu_begin = thread_cpu_seconds();
       std::string failure;
       try {
         // LibTorch 1.13's c10::Event has no synchronize(): poll the copies' end.
@@ -262,6 +271,7 @@ class AsyncSave {
       }
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.last_write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+      stats_.writer_cpu_s += thread_cpu_seconds() - cpu_begin;
       if (failure.empty()) {
         ++stats_.written;
       } else {

@@ -79,6 +79,9 @@ struct AsyncStats {
   std::int64_t host_allocations = 0;  // host buffers allocated so far, all saves together
   double last_blocked_s = 0;    // how long the last save() held the caller, on rank 0
   double last_write_s = 0;      // how long the writer took for the last finished write
+  // CPU time the writer thread used, all writes together: what the checkpoints took
+  // from training besides the blocked time, where training has no core to spare.
+  double writer_cpu_s = 0;
 };
 
 // What a checkpoint directory holds (Note [Checkpoints in PyTorch's format] in
