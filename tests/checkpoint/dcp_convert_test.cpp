@@ -204,6 +204,8 @@ namespace {
 // PyTorch's reference side. Its Gloo processes have hung now and then on this 2-core
 // VM (both alive, none progressing; once in about ten runs): a reference run that
 // times out is started once more. A run that ends, right or wrong, is never retried.
+// Its ranks skip Gloo's teardown, which aborted one now and then after all the work
+// was done (Note [PyTorch's Gloo teardown] in gloo_ranks.py).
 cohort::testing::ProcessResult python_resume(const std::vector<std::string>& args) {
   std::vector<std::string> argv{COHORT_DCP_PYTHON_PATH, COHORT_DCP_RESUME_CHECK_PATH};
   argv.insert(argv.end(), args.begin(), args.end());

@@ -15,13 +15,13 @@ Prints "ok: ..." on success; exits 1 naming the first difference.
 import argparse
 import os
 import sys
-import tempfile
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_ranks import run_ranks  # noqa: E402
 
 
 def make(optimizer, fsdp):
@@ -95,16 +95,11 @@ def check(a, rank, world):
     return len(full_model), sum(len(f) for f in full_optim["state"].values())
 
 
-def worker(rank, a, store_path):
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=a.world)
-    try:
-        tensors, fields = check(a, rank, a.world)
-        dist.barrier()
-        if rank == 0:
-            print(f"ok: world {a.world}{' fsdp' if a.fsdp else ''}: {tensors} model tensors and {fields} optimizer "
-                  f"fields equal cohort's", flush=True)
-    finally:
-        dist.destroy_process_group()
+def worker(rank, a):
+    tensors, fields = check(a, rank, a.world)
+    if rank == 0:
+        print(f"ok: world {a.world}{' fsdp' if a.fsdp else ''}: {tensors} model tensors and {fields} optimizer "
+              f"fields equal cohort's", flush=True)
 
 
 def main():
@@ -119,8 +114,7 @@ def main():
         tensors, fields = check(a, 0, 1)
         print(f"ok: world 1: {tensors} model tensors and {fields} optimizer fields equal cohort's", flush=True)
         return
-    with tempfile.TemporaryDirectory() as scratch:
-        mp.start_processes(worker, args=(a, os.path.join(scratch, "store")), nprocs=a.world, start_method="spawn")
+    run_ranks(worker, a.world, a)  # Note [PyTorch's Gloo teardown] in gloo_ranks.py
 
 
 if __name__ == "__main__":

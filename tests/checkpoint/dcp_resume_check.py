@@ -11,20 +11,19 @@
       dcp_resume_worker.cpp writes for cohort).
 
 The global batch of step s is batch(s), 6 rows; each of the N ranks takes its 6/N.
-Processes meet through a file store, so no port is used.
+Processes meet through a file store, so no port is used (gloo_ranks.py).
 """
 import argparse
-import datetime
 import json
 import os
 import sys
-import tempfile
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_ranks import run_ranks  # noqa: E402
 
 ROWS = 6
 
@@ -64,43 +63,35 @@ def flat(t):
     return t.detach().double().flatten().tolist()
 
 
-def work(rank, a, store_path):
-    # A bounded wait: a stuck peer fails the run instead of holding it for Gloo's 30 minutes.
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=a.world,
-                            timeout=datetime.timedelta(seconds=90))
-    try:
-        if a.mode == "save":
-            model, opt = make(a.fsdp, a.world, 0)
-            train(model, opt, 0, a.steps, rank, a.world)
-            model_sd, optim_sd = get_state_dict(model, opt)
-            dcp.save({"model": model_sd, "optim": optim_sd, "train": {"step": a.steps}},
-                     checkpoint_id=os.path.join(a.path, f"step-{a.steps}"))
-            dist.barrier()  # every rank done before any tears Gloo down (a peer gone aborts the others)
-            if rank == 0:
-                print(f"saved step {a.steps} at world {a.world}", flush=True)
-            return
-        model, opt = make(a.fsdp, a.world, 123)
+def work(rank, a):
+    if a.mode == "save":
+        model, opt = make(a.fsdp, a.world, 0)
+        train(model, opt, 0, a.steps, rank, a.world)
         model_sd, optim_sd = get_state_dict(model, opt)
-        state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
-        dcp.load(state, checkpoint_id=a.path)
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        first = state["train"]["step"]
-        train(model, opt, first, a.steps, rank, a.world)
-        full_model, full_optim = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
-        dist.barrier()
+        dcp.save({"model": model_sd, "optim": optim_sd, "train": {"step": a.steps}},
+                 checkpoint_id=os.path.join(a.path, f"step-{a.steps}"))
         if rank == 0:
-            result = {"step": first + a.steps}
-            for name, t in full_model.items():
-                result[f"model.{name}"] = flat(t)
-            for name, fields in full_optim["state"].items():
-                result[f"optim.{name}.exp_avg"] = flat(fields["exp_avg"])
-                result[f"optim.{name}.exp_avg_sq"] = flat(fields["exp_avg_sq"])
-                result[f"optim.{name}.step"] = int(flat(fields["step"])[0])
-            with open(a.result, "w") as f:
-                json.dump(result, f)
-            print(f"resumed step {first} at world {a.world}, trained to {first + a.steps}", flush=True)
-    finally:
-        dist.destroy_process_group()
+            print(f"saved step {a.steps} at world {a.world}", flush=True)
+        return
+    model, opt = make(a.fsdp, a.world, 123)
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
+    dcp.load(state, checkpoint_id=a.path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    first = state["train"]["step"]
+    train(model, opt, first, a.steps, rank, a.world)
+    full_model, full_optim = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    if rank == 0:
+        result = {"step": first + a.steps}
+        for name, t in full_model.items():
+            result[f"model.{name}"] = flat(t)
+        for name, fields in full_optim["state"].items():
+            result[f"optim.{name}.exp_avg"] = flat(fields["exp_avg"])
+            result[f"optim.{name}.exp_avg_sq"] = flat(fields["exp_avg_sq"])
+            result[f"optim.{name}.step"] = int(flat(fields["step"])[0])
+        with open(a.result, "w") as f:
+            json.dump(result, f)
+        print(f"resumed step {first} at world {a.world}, trained to {first + a.steps}", flush=True)
 
 
 def main():
@@ -114,8 +105,7 @@ def main():
     a = p.parse_args()
     if a.mode == "resume" and not a.result:
         p.error("resume needs RESULT.json")
-    with tempfile.TemporaryDirectory() as scratch:
-        mp.start_processes(work, args=(a, os.path.join(scratch, "store")), nprocs=a.world, start_method="spawn")
+    run_ranks(work, a.world, a)  # Note [PyTorch's Gloo teardown] in gloo_ranks.py
 
 
 if __name__ == "__main__":
