@@ -69,11 +69,12 @@ nlohmann::json Checkpoints::summary() const {
   std::sort(sorted.begin(), sorted.end());
   double total = 0;
   for (double s : sorted) total += s;
+  const auto stats = checkpointer_.async_stats();
   return {{"async", options_.checkpoint_async},
           {"format", options_.checkpoint_format},
           {"saves", sorted.size()},
-          {"skipped", checkpointer_.async_stats().skipped},
-          {"writer_cpu_s", checkpointer_.async_stats().writer_cpu_s},
+          {"skipped", stats.skipped},
+          {"writer_cpu_s", stats.writer_cpu_s},
           {"blocked_s", total},
           {"blocked_ms_median", sorted.empty() ? 0.0 : 1e3 * sorted[sorted.size() / 2]},
           {"blocked_ms_max", sorted.empty() ? 0.0 : 1e3 * sorted.back()}};

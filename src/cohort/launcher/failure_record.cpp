@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "cohort/util/bytes.h"
+#include "cohort/util/json_integer.h"
 
 namespace cohort::launcher {
 namespace {
@@ -39,7 +40,9 @@ std::vector<FailureRecord> read_failure_records(elastic::DynamicRendezvous& rdzv
     if (!rdzv.store().check({key})) continue;
     try {
       const auto j = nlohmann::json::parse(util::from_bytes(rdzv.store().get(key)));
-      out.push_back({j.at("own").get<bool>(), j.at("time_ms").get<std::int64_t>(), j.at("summary").get<std::string>()});
+      // Note [Integers from JSON]: a record in the store is input like any other.
+      out.push_back({j.at("own").get<bool>(), util::json_integer_at<std::int64_t>(j, "time_ms"),
+                     j.at("summary").get<std::string>()});
     } catch (const nlohmann::json::exception&) {
       // Not ours to read: leave it out of the root cause.
     }
